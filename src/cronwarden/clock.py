@@ -1,0 +1,78 @@
+"""Time, injected. Decisions read the clock once; tests advance a FakeClock
+instead of sleeping.
+
+Three readings, for three purposes:
+- ``monotonic()``: this process's deadlines (heartbeat belief, G3).
+- ``store_time()``: lease expiry on the embedded SQLite store. It is
+  CLOCK_BOOTTIME, which every process on the host shares and which NTP steps
+  never move (G4); ``boot_id()`` tells a reboot apart, after which every
+  lease of the previous boot is void.
+- ``wall()``: what people read (started at, ended at) and schedules.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from functools import cache
+
+
+class Clock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def store_time(self) -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def wall(self) -> float:
+        return time.time()
+
+    def boot_id(self) -> str:
+        return _boot_id()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+
+@cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # not Linux: one id per process is the safe fallback
+        return str(uuid.uuid4())
+
+
+SYSTEM_CLOCK = Clock()
+
+
+class FakeClock(Clock):
+    """A clock that moves only when told. ``sleep`` advances it."""
+
+    def __init__(self, start: float = 1_700_000_000.0, boot: str = "fake-boot") -> None:
+        self._now = start
+        self._boot = boot
+        self._lock = threading.Lock()
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def store_time(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now
+
+    def boot_id(self) -> str:
+        return self._boot
+
+    def reboot(self, boot: str) -> None:
+        self._boot = boot
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))

@@ -1,0 +1,43 @@
+"""Durations as people write them ("90s", "10m", "1h30m", "1.5s", "250ms")
+to seconds and back. Strict: anything else is a UsageError naming the input."""
+
+from __future__ import annotations
+
+import re
+
+from cronwarden.errors import UsageError
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
+
+
+def parse_duration(text: str, *, what: str = "duration") -> float:
+    """Seconds in ``text``. Units are required (a bare number is ambiguous)
+    and may repeat in any order only as a sum: ``1h30m`` is 5400."""
+    value = text.strip().lower()
+    if not _WHOLE.fullmatch(value):
+        raise UsageError(f"{what} must be a duration like 90s, 10m or 1h30m, got {text!r}")
+    return sum(float(n) * _UNITS[u] for n, u in _PART.findall(value))
+
+
+def parse_positive_duration(text: str, *, what: str) -> float:
+    seconds = parse_duration(text, what=what)
+    if seconds <= 0:
+        raise UsageError(f"{what} must be greater than zero, got {text!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Short human form: 0.25s, 42s, 10m, 1h30m, 2d3h."""
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds < 60:
+        return f"{seconds:.2f}".rstrip("0").rstrip(".") + "s"
+    whole = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        n, whole = divmod(whole, size)
+        if n:
+            parts.append(f"{n}{unit}")
+    return "".join(parts[:2])

@@ -1,0 +1,91 @@
+"""One error tree. Every error builds its message from data, so the CLI can
+print ``cronwarden: <message>`` and exit with the error's status, never a
+traceback."""
+
+from __future__ import annotations
+
+
+class CronwardenError(Exception):
+    """Base of every error cronwarden raises on purpose."""
+
+    exit_code = 2
+
+
+class UsageError(CronwardenError):
+    """A bad flag, value, config entry or environment variable."""
+
+    exit_code = 2
+
+
+class StoreError(CronwardenError):
+    """The store is not usable as configured: a corrupt or unreadable file, a
+    database on a network filesystem, a schema newer than this version."""
+
+    exit_code = 2
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or is locked right now (connection refused,
+    timeout, database locked). A guarded start fails closed with exit code 75
+    (EX_TEMPFAIL) unless ``--on-store-error=run`` was given (G9)."""
+
+    exit_code = 75
+
+
+class StoreUrlError(UsageError):
+    """A store URL with an unknown scheme or a malformed part."""
+
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(f"bad store URL {url!r}: {why}")
+        self.url = url
+
+
+class MissingDriver(UsageError):
+    """The URL's backend needs an optional dependency that is not installed."""
+
+    def __init__(self, scheme: str, module: str, extra: str) -> None:
+        super().__init__(
+            f"the {scheme}:// store needs the {module!r} package: pip install 'cronwarden[{extra}]'"
+        )
+
+
+class LeaseLost(CronwardenError):
+    """The run no longer owns its lease: renewal failed past the deadline, the
+    lease expired and was taken, or the owner id did not match."""
+
+    exit_code = 3
+
+    def __init__(self, key: str, why: str = "the lease is no longer ours") -> None:
+        super().__init__(f"lease {key!r} lost: {why}")
+        self.key = key
+        self.why = why
+
+
+class LeaseRevoked(LeaseLost):
+    """Another run asked this one to stop (policy ``replace``)."""
+
+    def __init__(self, key: str, by_run_id: str) -> None:
+        super().__init__(key, f"revoked by run {by_run_id}")
+        self.by_run_id = by_run_id
+
+
+class TimedOut(LeaseLost):
+    """The run exceeded its ``max_runtime``."""
+
+    def __init__(self, key: str, max_runtime: float) -> None:
+        super().__init__(key, f"ran longer than max_runtime {max_runtime:g}s")
+        self.max_runtime = max_runtime
+
+
+class NotStarted(CronwardenError):
+    """A guarded start did not run the work (skipped, queued, queue full).
+    Raised by the decorator form and by ``Guard.__enter__`` when
+    ``raise_on_skip=True``; the refusal is already recorded in the ledger."""
+
+    exit_code = 0
+
+    def __init__(self, job: str, outcome: str, holder_run_id: str | None) -> None:
+        super().__init__(f"job {job!r} not started ({outcome}); held by run {holder_run_id}")
+        self.job = job
+        self.outcome = outcome
+        self.holder_run_id = holder_run_id

@@ -1,0 +1,116 @@
+"""The ledger's vocabulary: event kinds, terminal outcomes and the frozen
+records stores return. Events are facts, named in the past tense."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EventKind(enum.StrEnum):
+    STARTED = "started"
+    """A run acquired its lease and began (data: host, pid, token, slot, ttl)."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LEASE_LOST = "lease_lost"
+    """The run stopped because it could no longer prove it held the lease."""
+    REPLACED = "replaced"
+    """The run was stopped because a newer start replaced it (policy replace)."""
+    TIMED_OUT = "timed_out"
+    """The run was stopped after ``max_runtime``."""
+    ABANDONED = "abandoned"
+    """The run's lease expired with no terminal record: its host or supervisor
+    died. Written by whoever found it (the next start or the monitor)."""
+    SKIPPED = "skipped"
+    """A start refused because another run held the lease. The slot did no work."""
+    QUEUED = "queued"
+    QUEUE_FULL = "queue_full"
+    OVERLAP = "overlap"
+    """A start while an earlier run of the same job was still open."""
+    MISSED = "missed"
+    # Monitor findings; data["state"] is "raised" or "resolved".
+    SLOW = "slow"
+    SKIPS_IN_A_ROW = "skips_in_a_row"
+    STUCK = "stuck"
+    GRACE_TOO_WIDE = "grace_too_wide"
+    POLICY_UNDECIDED = "policy_undecided"
+
+
+class Outcome(enum.StrEnum):
+    """How a started run ended. Exactly one per start (G6)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LEASE_LOST = "lease_lost"
+    REPLACED = "replaced"
+    TIMED_OUT = "timed_out"
+    ABANDONED = "abandoned"
+
+    @property
+    def event(self) -> EventKind:
+        return EventKind(self.value)
+
+
+TERMINAL_KINDS = frozenset(o.event for o in Outcome)
+
+
+def new_id() -> str:
+    """Run ids and event ids are canonical UUIDs (Healthchecks and Sentry
+    accept nothing else)."""
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    kind: EventKind
+    job: str
+    at: float
+    """Wall-clock seconds since the epoch, from the writer's clock."""
+    run_id: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+    event_id: str = field(default_factory=new_id)
+    seq: int | None = None
+    """Order in this store's ledger; set by the store on read."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    run_id: str
+    job: str
+    key: str
+    host: str
+    pid: int
+    token: int
+    started_at: float
+    slot: float | None = None
+    ended_at: float | None = None
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    detail: str = ""
+    expires_in: float | None = None
+    """For open runs: seconds until the lease expires by the store's clock
+    (negative when already expired); None when the lease is no longer this
+    run's."""
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.ended_at is None else self.ended_at - self.started_at
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobInfo:
+    """What the store knows of a job's schedule and policy, so the monitor can
+    judge runs started by ``cronwarden run`` flags as well as by config."""
+
+    name: str
+    schedule: str | None = None
+    period: float | None = None
+    policy: str = "skip"
+    reason: str = ""
+    ttl: float | None = None
+    grace: float | None = None
+    max_runtime: float | None = None
+    updated_at: float = 0.0

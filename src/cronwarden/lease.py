@@ -1,0 +1,128 @@
+"""The lease a run holds, and the heartbeat that keeps it (G3).
+
+A holder believes it owns its lease only until ``t_sent + ttl * BELIEF``,
+where ``t_sent`` is this process's monotonic time taken *before* the last
+successful renewal was sent. The store's clock may be ahead of ours by the
+request's latency, never behind; starting the count before sending makes our
+belief end no later than the store's expiry. The remaining tenth of the ttl
+is the margin for clock rate differences and for stopping the work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cronwarden.clock import Clock
+from cronwarden.errors import CronwardenError, LeaseLost
+
+BELIEF = 0.9
+"""Fraction of the ttl a holder trusts a renewal for."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """Proof of ownership, returned by ``Store.acquire`` and presented to
+    ``renew``/``finish``. Only the run named ``run_id`` can act on it (G1)."""
+
+    key: str
+    job: str
+    run_id: str
+    token: int
+    """Fencing token: larger than every earlier grant of ``key`` (G2)."""
+    ttl: float
+
+
+def renew_interval(ttl: float) -> float:
+    return ttl / 3
+
+
+class Heartbeat:
+    """Renews a lease every ``interval`` from a daemon thread.
+
+    ``deadline`` is the monotonic time until which the lease may be believed.
+    On a definite refusal (owner mismatch, revocation) ``lost`` is set at once
+    with the reason; on errors (store unreachable, database locked) the
+    heartbeat retries until the deadline and then sets ``lost``. Readers also
+    compare ``deadline`` with the clock themselves, so a heartbeat thread that
+    died or hangs in a store call still ends the belief on time.
+    """
+
+    def __init__(
+        self,
+        renew: Callable[[], None],
+        *,
+        ttl: float,
+        interval: float | None = None,
+        clock: Clock,
+        started_at: float,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+    ) -> None:
+        self._renew = renew
+        self.ttl = ttl
+        self.interval = renew_interval(ttl) if interval is None else interval
+        self._clock = clock
+        self.deadline = started_at + ttl * BELIEF
+        self.lost: LeaseLost | None = None
+        self.lost_event = threading.Event()
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._key = "?"
+        self._thread = threading.Thread(target=self._loop, name="cronwarden-heartbeat", daemon=True)
+        self.renewals = 0
+        self.last_error: str | None = None
+
+    def start(self, key: str) -> None:
+        self._key = key
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=self.interval + 1)
+
+    def believed(self, now: float | None = None) -> bool:
+        """True while the lease may still be trusted."""
+        t = self._clock.monotonic() if now is None else now
+        return self.lost is None and t < self.deadline
+
+    def _declare_lost(self, why: LeaseLost) -> None:
+        if self.lost is None:
+            self.lost = why
+            self.lost_event.set()
+            if self._on_lost is not None:
+                self._on_lost(why)
+
+    def _loop(self) -> None:
+        try:
+            next_at = self._clock.monotonic() + self.interval
+            while not self._stop.is_set():
+                now = self._clock.monotonic()
+                if now >= self.deadline:
+                    why = self.last_error or "no renewal succeeded before the deadline"
+                    self._declare_lost(LeaseLost(self._key, why))
+                    return
+                wait = min(next_at, self.deadline) - now
+                if wait > 0 and self._stop.wait(wait):
+                    return
+                if self._clock.monotonic() < next_at:
+                    continue
+                sent = self._clock.monotonic()
+                try:
+                    self._renew()
+                except LeaseLost as e:
+                    self._declare_lost(e)
+                    return
+                except CronwardenError as e:
+                    # Transient: retry soon, but never past the deadline.
+                    self.last_error = str(e)
+                    next_at = self._clock.monotonic() + min(self.interval, self.ttl / 10)
+                    continue
+                self.renewals += 1
+                self.last_error = None
+                self.deadline = sent + self.ttl * BELIEF
+                next_at = sent + self.interval
+        except BaseException as e:  # a dead heartbeat is a lost lease, never silence
+            self._declare_lost(LeaseLost(self._key, f"heartbeat thread died: {e!r}"))
+            raise

@@ -1,0 +1,50 @@
+"""Stores by URL. Each backend's driver is imported only when its scheme is
+used, so the cron wrapper never pays for a backend it does not use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.errors import MissingDriver, StoreUrlError
+
+if TYPE_CHECKING:
+    from cronwarden.stores.base import Store
+
+SCHEMES = ("sqlite", "postgresql", "postgres", "redis", "rediss")
+
+
+def default_store_url() -> str:
+    """``sqlite:///`` under the user's state directory (XDG_STATE_HOME)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return f"sqlite:///{Path(base) / 'cronwarden' / 'cronwarden.db'}"
+
+
+def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
+    scheme, sep, _ = url.partition("://")
+    if not sep or not scheme:
+        raise StoreUrlError(url, "expected sqlite:///PATH, postgresql://… or redis://…")
+    scheme = scheme.lower()
+    if scheme == "sqlite":
+        from cronwarden.stores.sqlite import SqliteStore
+
+        return SqliteStore.from_url(url, clock=clock)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise MissingDriver("postgresql", "psycopg", "postgres") from None
+        from cronwarden.stores.postgres import PostgresStore
+
+        return PostgresStore.from_url(url, clock=clock)
+    if scheme in ("redis", "rediss"):
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            raise MissingDriver("redis", "redis", "redis") from None
+        from cronwarden.stores.redis import RedisStore
+
+        return RedisStore.from_url(url, clock=clock)
+    raise StoreUrlError(url, f"unknown scheme {scheme!r}; expected one of sqlite, postgresql, redis")

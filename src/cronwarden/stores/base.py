@@ -1,0 +1,214 @@
+"""The store contract, written once. Every backend (SQLite, PostgreSQL,
+Redis) implements exactly this; the contract suite in ``tests/contract``
+checks each against a real server.
+
+Each method is one atomic step in the store (one transaction or one Lua
+script) and, on the network backends, one round trip:
+
+``acquire(start)``
+    Judge the lease on ``start.key`` by the *store's* clock (G4).
+    1. If a previous owner's lease has expired and its run has no terminal
+       record, record ``abandoned`` for that run (G6) and name it in
+       ``Granted.abandoned``.
+    2. If the lease is free or expired: grant it to ``start.run_id`` with a
+       fencing token one larger than any earlier grant of the key (G2; the
+       counter survives release and, on durable stores, restarts), expiry
+       ``now + ttl``, no revocation; write the run row and ``started``.
+       Return ``Granted``.
+    3. If it is live, act by ``start.policy`` and return ``Refused``:
+       - skip: record ``skipped`` naming the holder (G7).
+       - queue: if the key's pending count < ``max_pending``, add one and
+         record ``queued``, else record ``queue_full``.
+       - replace: mark the lease revoked by ``start.run_id`` (the holder's
+         next renew raises ``LeaseRevoked``); no event — the holder records
+         ``replaced``. The caller polls ``acquire`` until granted.
+       - allow: record ``overlap`` naming both runs, and grant a side lease
+         on ``key + "+" + run_id`` so the run still has a lease to renew
+         (returned as ``Granted`` with ``overlapped`` set).
+
+``renew(lease)``
+    Extend expiry to ``now + ttl`` iff ``lease.run_id`` still owns the key and
+    it has not expired (G1). Raise ``LeaseRevoked`` if revoked, ``LeaseLost``
+    otherwise. Transient failures raise ``StoreError``.
+
+``finish(lease, end, then=None)``
+    Record the run's terminal outcome unless it already has one (G6: exactly
+    one), and release the lease iff still owned (a stale release is a no-op,
+    never a deletion of another's lease; G1). The fencing counter stays.
+    If ``then`` is given, the lease is still owned and the key has pending
+    starts (policy queue): take one from pending and, in the same step, start
+    ``then`` on the same lease with the next token; return its lease.
+    Returns ``Finished``.
+
+``record(event)``
+    Append an event to the ledger.
+
+The read side (``open_runs``, ``runs``, ``events``, ``jobs``) returns frozen
+records; it never changes the ledger.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
+from cronwarden.lease import Lease
+from cronwarden.policy import Policy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """A request to start one run."""
+
+    job: str
+    key: str
+    run_id: str
+    host: str
+    pid: int
+    ttl: float
+    at: float
+    """Wall-clock time of the request (for the ledger, never for expiry)."""
+    policy: Policy = Policy.SKIP
+    slot: float | None = None
+    max_pending: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holder:
+    """Who holds a lease, as the refusal reports it."""
+
+    run_id: str
+    host: str
+    pid: int
+    started_at: float
+    token: int
+    expires_in: float
+
+    def age(self, now: float) -> float:
+        return now - self.started_at
+
+
+@dataclass(frozen=True, kw_only=True)
+class Granted:
+    lease: Lease
+    abandoned: tuple[str, ...] = ()
+    overlapped: Holder | None = None
+
+
+class Refusal(enum.StrEnum):
+    SKIPPED = "skipped"
+    QUEUED = "queued"
+    QUEUE_FULL = "queue_full"
+    REVOKING = "revoking"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused:
+    refusal: Refusal
+    holder: Holder
+    abandoned: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class End:
+    """How a run ended, as the guard reports it to ``finish``."""
+
+    outcome: Outcome
+    at: float
+    exit_code: int | None = None
+    detail: str = ""
+    replaced_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    owned: bool
+    """False when the lease was no longer this run's at release (G1)."""
+    recorded: bool
+    """False when the run already had a terminal record (e.g. ``abandoned``)."""
+    next: Lease | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseInfo:
+    key: str
+    owner: str | None
+    token: int
+    expires_in: float | None
+    pending: int = 0
+    revoked_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventQuery:
+    job: str | None = None
+    kinds: Sequence[EventKind] | None = None
+    run_id: str | None = None
+    since: float | None = None
+    limit: int = 100
+    newest_first: bool = True
+
+
+class Store(abc.ABC):
+    """See the module docstring for the contract of each method."""
+
+    url: str
+
+    @abc.abstractmethod
+    def acquire(self, start: Start) -> Granted | Refused: ...
+
+    @abc.abstractmethod
+    def renew(self, lease: Lease) -> None: ...
+
+    @abc.abstractmethod
+    def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished: ...
+
+    @abc.abstractmethod
+    def record(self, event: Event) -> None: ...
+
+    @abc.abstractmethod
+    def open_runs(self, job: str | None = None) -> list[RunRecord]:
+        """Runs with no terminal record, oldest first, with ``expires_in``."""
+
+    @abc.abstractmethod
+    def runs(self, job: str, limit: int = 50) -> list[RunRecord]:
+        """The job's runs, newest first."""
+
+    @abc.abstractmethod
+    def run(self, run_id: str) -> RunRecord | None: ...
+
+    @abc.abstractmethod
+    def events(self, query: EventQuery) -> list[Event]: ...
+
+    @abc.abstractmethod
+    def lease(self, key: str) -> LeaseInfo | None: ...
+
+    @abc.abstractmethod
+    def save_job(self, job: JobInfo) -> None: ...
+
+    @abc.abstractmethod
+    def jobs(self) -> list[JobInfo]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def holder_data(holder: Holder, now: float) -> dict[str, object]:
+    """The holder fields every refusal event carries (G7)."""
+    return {
+        "holder_run_id": holder.run_id,
+        "holder_host": holder.host,
+        "holder_pid": holder.pid,
+        "holder_started_at": holder.started_at,
+        "holder_age": round(now - holder.started_at, 3),
+        "holder_token": holder.token,
+    }

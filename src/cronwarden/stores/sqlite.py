@@ -1,0 +1,633 @@
+"""The embedded store: one SQLite file in WAL mode, safe for many processes
+on one host.
+
+Expiry is judged by CLOCK_BOOTTIME (shared by every process on the host,
+never stepped by NTP) plus the boot id: a lease written in an earlier boot is
+expired, since every process of that boot is gone (G4).
+
+``synchronous=FULL`` by default: every commit is fsynced, so a ``skipped`` or
+``started`` record and the fencing counter survive a power cut. It costs one
+fsync per commit (about a millisecond here); a cron job starts at most a few
+times a minute, and a fencing counter that goes backwards after a crash would
+break G2. ``?synchronous=normal`` in the URL trades that for speed on hosts
+where losing the last commits on power loss is acceptable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs
+
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.durations import parse_duration
+from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError
+from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
+from cronwarden.lease import Lease
+from cronwarden.policy import Policy
+from cronwarden.stores.base import (
+    End,
+    EventQuery,
+    Finished,
+    Granted,
+    Holder,
+    LeaseInfo,
+    Refusal,
+    Refused,
+    Start,
+    Store,
+    holder_data,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE leases (
+        key        TEXT PRIMARY KEY,
+        job        TEXT NOT NULL,
+        owner      TEXT,
+        token      INTEGER NOT NULL,
+        expires    REAL,
+        boot_id    TEXT,
+        pending    INTEGER NOT NULL DEFAULT 0,
+        revoked_by TEXT
+    );
+    CREATE TABLE runs (
+        run_id     TEXT PRIMARY KEY,
+        job        TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        host       TEXT NOT NULL,
+        pid        INTEGER NOT NULL,
+        token      INTEGER NOT NULL,
+        slot       REAL,
+        started_at REAL NOT NULL,
+        ended_at   REAL,
+        outcome    TEXT,
+        exit_code  INTEGER,
+        detail     TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX runs_job_started ON runs (job, started_at);
+    CREATE INDEX runs_open ON runs (job, started_at) WHERE outcome IS NULL;
+    CREATE TABLE events (
+        seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id TEXT NOT NULL UNIQUE,
+        kind     TEXT NOT NULL,
+        job      TEXT NOT NULL,
+        run_id   TEXT,
+        at       REAL NOT NULL,
+        data     TEXT NOT NULL
+    );
+    CREATE INDEX events_job_at ON events (job, at);
+    CREATE INDEX events_run ON events (run_id);
+    CREATE TABLE jobs (
+        name        TEXT PRIMARY KEY,
+        schedule    TEXT,
+        period      REAL,
+        policy      TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        ttl         REAL,
+        grace       REAL,
+        max_runtime REAL,
+        updated_at  REAL NOT NULL
+    );
+    """,
+}
+
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smbfs",
+        "smb3",
+        "9p",
+        "afs",
+        "ncpfs",
+        "fuse.sshfs",
+        "glusterfs",
+        "ceph",
+        "lustre",
+        "gpfs",
+        "fuse.s3fs",
+        "fuse.rclone",
+        "davfs",
+        "fuse.gcsfuse",
+    }
+)
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem ``path`` lives on, from /proc/mounts."""
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    best, fstype = "", None
+    target = str(path.resolve())
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype
+
+
+class SqliteStore(Store):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        synchronous: str = "FULL",
+        busy_timeout: float = 5.0,
+    ) -> None:
+        self.path = Path(path)
+        self.url = f"sqlite:///{self.path}"
+        self._clock = clock
+        self._busy_ms = int(busy_timeout * 1000)
+        self._lock = threading.Lock()
+        fstype = filesystem_type(self.path.parent if not self.path.exists() else self.path)
+        if fstype in NETWORK_FILESYSTEMS:
+            raise StoreError(
+                f"{self.path} is on a network filesystem ({fstype}); SQLite locking is not safe "
+                "there. Use a local path, or postgresql:// or redis:// for jobs on several hosts"
+            )
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+            )
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open SQLite store {self.path}: {e}") from None
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
+            self._db.execute(f"PRAGMA synchronous = {synchronous}")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise _store_error(self.path, e) from None
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
+        rest = url.split("://", 1)[1]
+        path, _, query = rest.partition("?")
+        if not path or path == "/":
+            raise StoreUrlError(url, "expected sqlite:///PATH/TO/FILE.db")
+        params = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        sync = params.pop("synchronous", "full").upper()
+        if sync not in ("FULL", "NORMAL", "EXTRA"):
+            raise StoreUrlError(url, f"synchronous must be full, normal or extra, got {sync.lower()!r}")
+        busy = parse_duration(params.pop("busy_timeout", "5s"), what="busy_timeout")
+        if params:
+            raise StoreUrlError(url, f"unknown parameter(s) {', '.join(sorted(params))}")
+        return cls(path, clock=clock, synchronous=sync, busy_timeout=busy)
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _migrate(self) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {version}; this cronwarden knows up to "
+                    f"{SCHEMA_VERSION}. Upgrade cronwarden"
+                )
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[v].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. BEGIN IMMEDIATE takes the write lock up
+        front, so two processes never both read a free lease and grant it."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException as e:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise _store_error(self.path, e) from None
+                raise
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            try:
+                return fn(self._db)
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+
+    def _now(self) -> tuple[float, str]:
+        return self._clock.store_time(), self._clock.boot_id()
+
+    @staticmethod
+    def _insert_event(db: sqlite3.Connection, event: Event) -> None:
+        db.execute(
+            "INSERT INTO events (event_id, kind, job, run_id, at, data) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                event.event_id,
+                event.kind.value,
+                event.job,
+                event.run_id,
+                event.at,
+                json.dumps(dict(event.data), separators=(",", ":"), default=str),
+            ),
+        )
+
+    def _start_run(self, db: sqlite3.Connection, start: Start, token: int) -> None:
+        db.execute(
+            "INSERT INTO runs (run_id, job, key, host, pid, token, slot, started_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (start.run_id, start.job, start.key, start.host, start.pid, token, start.slot, start.at),
+        )
+        self._insert_event(
+            db,
+            Event(
+                kind=EventKind.STARTED,
+                job=start.job,
+                run_id=start.run_id,
+                at=start.at,
+                data={
+                    "host": start.host,
+                    "pid": start.pid,
+                    "token": token,
+                    "key": start.key,
+                    "slot": start.slot,
+                    "ttl": start.ttl,
+                },
+            ),
+        )
+
+    def _abandon(self, db: sqlite3.Connection, run_id: str, job: str, at: float, found_by: str) -> bool:
+        cur = db.execute(
+            "UPDATE runs SET outcome = 'abandoned', ended_at = ?, detail = ? "
+            "WHERE run_id = ? AND outcome IS NULL",
+            (at, f"lease expired with no terminal record; found by run {found_by}", run_id),
+        )
+        if cur.rowcount:
+            self._insert_event(
+                db,
+                Event(
+                    kind=EventKind.ABANDONED,
+                    job=job,
+                    run_id=run_id,
+                    at=at,
+                    data={"found_by": found_by},
+                ),
+            )
+        return bool(cur.rowcount)
+
+    # -- the contract -----------------------------------------------------
+
+    def acquire(self, start: Start) -> Granted | Refused:
+        now, boot = self._now()
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT l.owner, l.token, l.expires, l.boot_id, l.pending, r.host, r.pid, r.started_at "
+                "FROM leases l LEFT JOIN runs r ON r.run_id = l.owner WHERE l.key = ?",
+                (start.key,),
+            ).fetchone()
+            abandoned: tuple[str, ...] = ()
+            if row is None:
+                token = 1
+                db.execute(
+                    "INSERT INTO leases (key, job, owner, token, expires, boot_id) VALUES (?, ?, ?, ?, ?, ?)",
+                    (start.key, start.job, start.run_id, token, now + start.ttl, boot),
+                )
+                self._start_run(db, start, token)
+                return Granted(lease=_lease(start, token))
+            owner, last_token, expires, lease_boot, pending, host, pid, started_at = row
+            live = owner is not None and lease_boot == boot and expires is not None and expires > now
+            if owner is not None and not live and self._abandon(db, owner, start.job, start.at, start.run_id):
+                abandoned = (owner,)
+            if not live:
+                token = last_token + 1
+                db.execute(
+                    "UPDATE leases SET owner = ?, token = ?, expires = ?, boot_id = ?, revoked_by = NULL "
+                    "WHERE key = ?",
+                    (start.run_id, token, now + start.ttl, boot, start.key),
+                )
+                self._start_run(db, start, token)
+                return Granted(lease=_lease(start, token), abandoned=abandoned)
+            holder = Holder(
+                run_id=owner,
+                host=host or "?",
+                pid=pid or 0,
+                started_at=started_at or 0.0,
+                token=last_token,
+                expires_in=expires - now,
+            )
+            return self._refuse_or_overlap(db, start, holder, pending, now, boot)
+
+    def _refuse_or_overlap(
+        self, db: sqlite3.Connection, start: Start, holder: Holder, pending: int, now: float, boot: str
+    ) -> Granted | Refused:
+        data: dict[str, Any] = {
+            **holder_data(holder, start.at),
+            "slot": start.slot,
+            "host": start.host,
+            "pid": start.pid,
+            "policy": start.policy.value,
+        }
+        if start.policy is Policy.REPLACE:
+            db.execute(
+                "UPDATE leases SET revoked_by = ? WHERE key = ? AND revoked_by IS NULL",
+                (start.run_id, start.key),
+            )
+            return Refused(refusal=Refusal.REVOKING, holder=holder)
+        if start.policy is Policy.ALLOW:
+            side = dataclasses.replace(start, key=f"{start.key}+{start.run_id}")
+            db.execute(
+                "INSERT INTO leases (key, job, owner, token, expires, boot_id) VALUES (?, ?, ?, 1, ?, ?)",
+                (side.key, start.job, start.run_id, now + start.ttl, boot),
+            )
+            self._start_run(db, side, 1)
+            self._insert_event(
+                db, Event(kind=EventKind.OVERLAP, job=start.job, run_id=start.run_id, at=start.at, data=data)
+            )
+            return Granted(lease=_lease(side, 1), overlapped=holder)
+        if start.policy is Policy.QUEUE:
+            if pending < start.max_pending:
+                db.execute("UPDATE leases SET pending = pending + 1 WHERE key = ?", (start.key,))
+                kind, refusal = EventKind.QUEUED, Refusal.QUEUED
+                data["pending"] = pending + 1
+            else:
+                kind, refusal = EventKind.QUEUE_FULL, Refusal.QUEUE_FULL
+                data["pending"] = pending
+        else:
+            kind, refusal = EventKind.SKIPPED, Refusal.SKIPPED
+        self._insert_event(db, Event(kind=kind, job=start.job, run_id=start.run_id, at=start.at, data=data))
+        return Refused(refusal=refusal, holder=holder)
+
+    def renew(self, lease: Lease) -> None:
+        now, boot = self._now()
+        # Wait for the write lock at most a tenth of the ttl per attempt: the
+        # heartbeat retries, and must be free to notice its deadline.
+        busy_ms = max(20, int(lease.ttl * 100))
+        with self._lock:
+            try:
+                self._db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                try:
+                    cur = self._db.execute(
+                        "UPDATE leases SET expires = ? WHERE key = ? AND owner = ? AND boot_id = ? "
+                        "AND expires > ? AND revoked_by IS NULL",
+                        (now + lease.ttl, lease.key, lease.run_id, boot, now),
+                    )
+                    if cur.rowcount == 1:
+                        return
+                    row = self._db.execute(
+                        "SELECT owner, revoked_by FROM leases WHERE key = ?", (lease.key,)
+                    ).fetchone()
+                finally:
+                    self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+        if row is not None and row[0] == lease.run_id and row[1] is not None:
+            raise LeaseRevoked(lease.key, row[1])
+        raise LeaseLost(lease.key, "expired or taken by another run")
+
+    def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
+        now, boot = self._now()
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE runs SET outcome = ?, ended_at = ?, exit_code = ?, detail = ? "
+                "WHERE run_id = ? AND outcome IS NULL",
+                (end.outcome.value, end.at, end.exit_code, end.detail, lease.run_id),
+            )
+            recorded = bool(cur.rowcount)
+            if recorded:
+                data: dict[str, Any] = {"exit_code": end.exit_code, "token": lease.token}
+                if end.detail:
+                    data["detail"] = end.detail
+                if end.replaced_by:
+                    data["replaced_by"] = end.replaced_by
+                started = db.execute(
+                    "SELECT started_at FROM runs WHERE run_id = ?", (lease.run_id,)
+                ).fetchone()
+                if started:
+                    data["duration"] = round(end.at - started[0], 6)
+                self._insert_event(
+                    db,
+                    Event(kind=end.outcome.event, job=lease.job, run_id=lease.run_id, at=end.at, data=data),
+                )
+            row = db.execute(
+                "SELECT pending FROM leases WHERE key = ? AND owner = ?", (lease.key, lease.run_id)
+            ).fetchone()
+            if row is None:
+                return Finished(owned=False, recorded=recorded)
+            if "+" in lease.key and lease.key.endswith("+" + lease.run_id):
+                db.execute("DELETE FROM leases WHERE key = ?", (lease.key,))  # allow's side lease
+                return Finished(owned=True, recorded=recorded)
+            if then is not None and row[0] > 0:
+                db.execute(
+                    "UPDATE leases SET owner = ?, token = token + 1, expires = ?, boot_id = ?, "
+                    "pending = pending - 1, revoked_by = NULL WHERE key = ?",
+                    (then.run_id, now + then.ttl, boot, lease.key),
+                )
+                token = db.execute("SELECT token FROM leases WHERE key = ?", (lease.key,)).fetchone()[0]
+                self._start_run(db, then, token)
+                return Finished(owned=True, recorded=recorded, next=_lease(then, token))
+            db.execute(
+                "UPDATE leases SET owner = NULL, expires = NULL, revoked_by = NULL WHERE key = ?",
+                (lease.key,),
+            )
+            return Finished(owned=True, recorded=recorded)
+
+    def record(self, event: Event) -> None:
+        with self._tx() as db:
+            self._insert_event(db, event)
+
+    # -- the read side ----------------------------------------------------
+
+    def open_runs(self, job: str | None = None) -> list[RunRecord]:
+        now, boot = self._now()
+        sql = (
+            "SELECT r.*, l.expires, l.boot_id FROM runs r "
+            "LEFT JOIN leases l ON l.key = r.key AND l.owner = r.run_id WHERE r.outcome IS NULL"
+        )
+        args: tuple[Any, ...] = ()
+        if job is not None:
+            sql += " AND r.job = ?"
+            args = (job,)
+        rows = self._read(lambda db: db.execute(sql + " ORDER BY r.started_at", args).fetchall())
+        out = []
+        for row in rows:
+            expires, lease_boot = row[-2], row[-1]
+            if expires is None:
+                left = None
+            elif lease_boot != boot:
+                left = -1.0
+            else:
+                left = expires - now
+            out.append(_run(row[:-2], expires_in=left))
+        return out
+
+    def runs(self, job: str, limit: int = 50) -> list[RunRecord]:
+        rows = self._read(
+            lambda db: db.execute(
+                "SELECT * FROM runs WHERE job = ? ORDER BY started_at DESC LIMIT ?", (job, limit)
+            ).fetchall()
+        )
+        return [_run(r) for r in rows]
+
+    def run(self, run_id: str) -> RunRecord | None:
+        row = self._read(lambda db: db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone())
+        return None if row is None else _run(row)
+
+    def events(self, query: EventQuery) -> list[Event]:
+        where: list[str] = []
+        args: list[Any] = []
+        if query.job is not None:
+            where.append("job = ?")
+            args.append(query.job)
+        if query.run_id is not None:
+            where.append("run_id = ?")
+            args.append(query.run_id)
+        if query.kinds:
+            where.append(f"kind IN ({','.join('?' * len(query.kinds))})")
+            args.extend(k.value for k in query.kinds)
+        if query.since is not None:
+            where.append("at >= ?")
+            args.append(query.since)
+        sql = "SELECT seq, event_id, kind, job, run_id, at, data FROM events"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY at {'DESC' if query.newest_first else 'ASC'}, seq LIMIT ?"
+        args.append(query.limit)
+        rows = self._read(lambda db: db.execute(sql, args).fetchall())
+        return [
+            Event(
+                seq=seq, event_id=eid, kind=EventKind(kind), job=job, run_id=rid, at=at, data=json.loads(data)
+            )
+            for seq, eid, kind, job, rid, at, data in rows
+        ]
+
+    def lease(self, key: str) -> LeaseInfo | None:
+        now, boot = self._now()
+        row = self._read(
+            lambda db: db.execute(
+                "SELECT owner, token, expires, boot_id, pending, revoked_by FROM leases WHERE key = ?", (key,)
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        owner, token, expires, lease_boot, pending, revoked_by = row
+        left = None if expires is None else (expires - now if lease_boot == boot else -1.0)
+        return LeaseInfo(
+            key=key, owner=owner, token=token, expires_in=left, pending=pending, revoked_by=revoked_by
+        )
+
+    def save_job(self, job: JobInfo) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO jobs (name, schedule, period, policy, reason, ttl, grace, max_runtime, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                "schedule = excluded.schedule, period = excluded.period, policy = excluded.policy, "
+                "reason = excluded.reason, ttl = excluded.ttl, grace = excluded.grace, "
+                "max_runtime = excluded.max_runtime, updated_at = excluded.updated_at",
+                (
+                    job.name,
+                    job.schedule,
+                    job.period,
+                    job.policy,
+                    job.reason,
+                    job.ttl,
+                    job.grace,
+                    job.max_runtime,
+                    job.updated_at,
+                ),
+            )
+
+    def jobs(self) -> list[JobInfo]:
+        rows = self._read(
+            lambda db: db.execute(
+                "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at "
+                "FROM jobs ORDER BY name"
+            ).fetchall()
+        )
+        return [
+            JobInfo(
+                name=r[0],
+                schedule=r[1],
+                period=r[2],
+                policy=r[3],
+                reason=r[4],
+                ttl=r[5],
+                grace=r[6],
+                max_runtime=r[7],
+                updated_at=r[8],
+            )
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _lease(start: Start, token: int) -> Lease:
+    return Lease(key=start.key, job=start.job, run_id=start.run_id, token=token, ttl=start.ttl)
+
+
+def _run(row: Any, expires_in: float | None = None) -> RunRecord:
+    run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome, exit_code, detail = row
+    return RunRecord(
+        run_id=run_id,
+        job=job,
+        key=key,
+        host=host,
+        pid=pid,
+        token=token,
+        slot=slot,
+        started_at=started_at,
+        ended_at=ended_at,
+        outcome=None if outcome is None else Outcome(outcome),
+        exit_code=exit_code,
+        detail=detail,
+        expires_in=expires_in,
+    )
+
+
+def _store_error(path: Path, e: sqlite3.Error) -> StoreError:
+    text = str(e)
+    if "locked" in text or "busy" in text:
+        return StoreUnavailable(f"SQLite store {path} is locked by another process ({text})")
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return StoreError(f"{path} is not a usable cronwarden SQLite database ({text})")
+    if "readonly" in text or "unable to open" in text:
+        return StoreError(f"cannot write SQLite store {path} ({text}); check its permissions")
+    return StoreUnavailable(f"SQLite store {path}: {text}")
