@@ -12,9 +12,9 @@ Three readings, for three purposes:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-import uuid
 from functools import cache
 
 
@@ -41,7 +41,7 @@ def _boot_id() -> str:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
     except OSError:  # not Linux: one id per process is the safe fallback
-        return str(uuid.uuid4())
+        return os.urandom(16).hex()
 
 
 SYSTEM_CLOCK = Clock()

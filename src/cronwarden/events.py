@@ -4,7 +4,7 @@ records stores return. Events are facts, named in the past tense."""
 from __future__ import annotations
 
 import enum
-import uuid
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +60,11 @@ TERMINAL_KINDS = frozenset(o.event for o in Outcome)
 def new_id() -> str:
     """Run ids and event ids are canonical UUIDs (Healthchecks and Sentry
     accept nothing else)."""
-    return str(uuid.uuid4())
+    b = bytearray(os.urandom(16))  # uuid4 by hand: importing uuid costs the wrapper ~2 ms
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @dataclass(frozen=True, kw_only=True)

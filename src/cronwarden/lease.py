@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cronwarden.clock import Clock
-from cronwarden.errors import CronwardenError, LeaseLost
+from cronwarden.errors import CronwardenError, LeaseLost, TimedOut
 
 BELIEF = 0.9
 """Fraction of the ttl a holder trusts a renewal for."""
@@ -58,15 +58,19 @@ class Heartbeat:
         clock: Clock,
         started_at: float,
         on_lost: Callable[[LeaseLost], None] | None = None,
+        stop_at: float | None = None,
     ) -> None:
         self._renew = renew
         self.ttl = ttl
         self.interval = renew_interval(ttl) if interval is None else interval
-        self._clock = clock
+        self.clock = clock
+        self.started_at = started_at
         self.deadline = started_at + ttl * BELIEF
         self.lost: LeaseLost | None = None
         self.lost_event = threading.Event()
-        self._on_lost = on_lost
+        self.on_lost = on_lost
+        self.stop_at = stop_at
+        """Monotonic time of ``max_runtime``: the run is then declared timed out."""
         self._stop = threading.Event()
         self._key = "?"
         self._thread = threading.Thread(target=self._loop, name="cronwarden-heartbeat", daemon=True)
@@ -84,31 +88,34 @@ class Heartbeat:
 
     def believed(self, now: float | None = None) -> bool:
         """True while the lease may still be trusted."""
-        t = self._clock.monotonic() if now is None else now
+        t = self.clock.monotonic() if now is None else now
         return self.lost is None and t < self.deadline
 
     def _declare_lost(self, why: LeaseLost) -> None:
         if self.lost is None:
             self.lost = why
             self.lost_event.set()
-            if self._on_lost is not None:
-                self._on_lost(why)
+            if self.on_lost is not None:
+                self.on_lost(why)
 
     def _loop(self) -> None:
         try:
-            next_at = self._clock.monotonic() + self.interval
+            next_at = self.clock.monotonic() + self.interval
             while not self._stop.is_set():
-                now = self._clock.monotonic()
+                now = self.clock.monotonic()
+                if self.stop_at is not None and now >= self.stop_at:
+                    self._declare_lost(TimedOut(self._key, self.stop_at - self.started_at))
+                    return
                 if now >= self.deadline:
                     why = self.last_error or "no renewal succeeded before the deadline"
                     self._declare_lost(LeaseLost(self._key, why))
                     return
-                wait = min(next_at, self.deadline) - now
+                wait = min(next_at, self.deadline, self.stop_at or next_at) - now
                 if wait > 0 and self._stop.wait(wait):
                     return
-                if self._clock.monotonic() < next_at:
+                if self.clock.monotonic() < next_at:
                     continue
-                sent = self._clock.monotonic()
+                sent = self.clock.monotonic()
                 try:
                     self._renew()
                 except LeaseLost as e:
@@ -117,7 +124,7 @@ class Heartbeat:
                 except CronwardenError as e:
                     # Transient: retry soon, but never past the deadline.
                     self.last_error = str(e)
-                    next_at = self._clock.monotonic() + min(self.interval, self.ttl / 10)
+                    next_at = self.clock.monotonic() + min(self.interval, self.ttl / 10)
                     continue
                 self.renewals += 1
                 self.last_error = None

@@ -4,7 +4,6 @@ used, so the cron wrapper never pays for a backend it does not use."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
@@ -18,8 +17,8 @@ SCHEMES = ("sqlite", "postgresql", "postgres", "redis", "rediss")
 
 def default_store_url() -> str:
     """``sqlite:///`` under the user's state directory (XDG_STATE_HOME)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return f"sqlite:///{Path(base) / 'cronwarden' / 'cronwarden.db'}"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return f"sqlite:///{os.path.join(base, 'cronwarden', 'cronwarden.db')}"
 
 
 def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:

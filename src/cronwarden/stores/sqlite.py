@@ -22,7 +22,6 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
@@ -125,7 +124,7 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-def filesystem_type(path: Path) -> str | None:
+def filesystem_type(path: str) -> str | None:
     """The type of the filesystem ``path`` lives on, from /proc/mounts."""
     try:
         with open("/proc/mounts") as f:
@@ -133,7 +132,7 @@ def filesystem_type(path: Path) -> str | None:
     except OSError:
         return None
     best, fstype = "", None
-    target = str(path.resolve())
+    target = os.path.realpath(path)
     for fields in mounts:
         if len(fields) < 3:
             continue
@@ -153,19 +152,20 @@ class SqliteStore(Store):
         synchronous: str = "FULL",
         busy_timeout: float = 5.0,
     ) -> None:
-        self.path = Path(path)
+        self.path = os.fspath(path)
         self.url = f"sqlite:///{self.path}"
         self._clock = clock
         self._busy_ms = int(busy_timeout * 1000)
         self._lock = threading.Lock()
-        fstype = filesystem_type(self.path.parent if not self.path.exists() else self.path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        fstype = filesystem_type(self.path if os.path.exists(self.path) else parent)
         if fstype in NETWORK_FILESYSTEMS:
             raise StoreError(
                 f"{self.path} is on a network filesystem ({fstype}); SQLite locking is not safe "
                 "there. Use a local path, or postgresql:// or redis:// for jobs on several hosts"
             )
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(parent, exist_ok=True)
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
             )
@@ -200,12 +200,14 @@ class SqliteStore(Store):
     # -- plumbing ---------------------------------------------------------
 
     def _migrate(self) -> None:
+        """The schema version lives in SQLite's ``user_version`` header field,
+        so the common case (up to date) is one read with no write lock."""
         db = self._db
+        if db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            version = int(row[0]) if row else 0
+            version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path} has schema version {version}; this cronwarden knows up to "
@@ -215,11 +217,7 @@ class SqliteStore(Store):
                 for statement in MIGRATIONS[v].split(";"):
                     if statement.strip():
                         db.execute(statement)
-            db.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(SCHEMA_VERSION),),
-            )
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -622,7 +620,7 @@ def _run(row: Any, expires_in: float | None = None) -> RunRecord:
     )
 
 
-def _store_error(path: Path, e: sqlite3.Error) -> StoreError:
+def _store_error(path: str, e: sqlite3.Error) -> StoreError:
     text = str(e)
     if "locked" in text or "busy" in text:
         return StoreUnavailable(f"SQLite store {path} is locked by another process ({text})")

@@ -1,0 +1,5 @@
+import sys
+
+from cronwarden.cli import main
+
+sys.exit(main())

@@ -1,0 +1,409 @@
+"""Guarded runs: ``Warden.guard(job)`` acquires the job's lease by its policy,
+keeps it with a heartbeat, and in every case records exactly one terminal
+outcome and releases the lease (G5, G6).
+
+The path of one run: ``Guard.__enter__`` → ``Store.acquire`` (writes
+``started``) → ``Heartbeat`` renews every ttl/3 → the work (a ``with`` body,
+a decorated function, or a child process in ``supervisor``) →
+``Guard.__exit__`` → ``Store.finish`` (terminal record + release).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.durations import format_duration
+from cronwarden.errors import (
+    LeaseLost,
+    LeaseRevoked,
+    NotStarted,
+    StoreUnavailable,
+    TimedOut,
+    UsageError,
+)
+from cronwarden.events import Outcome, new_id
+from cronwarden.lease import Heartbeat, Lease
+from cronwarden.policy import Policy
+from cronwarden.stores.base import End, Finished, Granted, Refusal, Refused, Start, Store
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+
+
+def check_name(value: str, what: str) -> str:
+    if not NAME.fullmatch(value):
+        raise UsageError(
+            f"{what} must be 1-128 characters of letters, digits, '_', '.', '@' or '-' "
+            f"starting with a letter or digit, got {value!r}"
+        )
+    return value
+
+
+def this_host() -> str:
+    """The host name runs are recorded under (``CRONWARDEN_HOST`` overrides)."""
+    return os.environ.get("CRONWARDEN_HOST") or os.uname().nodename
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """How one job is guarded. Validated once, here."""
+
+    ttl: float = 60.0
+    policy: Policy = Policy.SKIP
+    shard: str | None = None
+    renew_every: float | None = None
+    max_runtime: float | None = None
+    max_pending: int = 1
+    replace_grace: float = 10.0
+    allow_unpartitioned: bool = False
+    slot: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ttl > 0:
+            raise UsageError(f"ttl must be greater than zero, got {self.ttl:g}s")
+        if self.renew_every is not None and not 0 < self.renew_every < self.ttl:
+            raise UsageError(
+                f"renew interval must be greater than zero and less than the ttl ({self.ttl:g}s), "
+                f"got {self.renew_every:g}s"
+            )
+        if self.max_runtime is not None and self.max_runtime <= 0:
+            raise UsageError(f"max_runtime must be greater than zero, got {self.max_runtime:g}s")
+        if self.max_pending < 1:
+            raise UsageError(f"max_pending must be at least 1, got {self.max_pending}")
+        if self.replace_grace < 0:
+            raise UsageError(f"replace grace must not be negative, got {self.replace_grace:g}s")
+        if self.shard is not None:
+            check_name(self.shard, "shard")
+        if self.policy is Policy.ALLOW and self.shard is None and not self.allow_unpartitioned:
+            raise UsageError(
+                "policy allow needs a partition: give --shard KEY, or set allow_unpartitioned = true "
+                "with a reason if overlapping runs are really safe"
+            )
+
+    @property
+    def kill_grace(self) -> float:
+        """Time between SIGTERM and SIGKILL when the lease is being lost: short
+        enough that the child is gone before the lease could expire."""
+        return min(10.0, self.ttl / 6)
+
+
+class Run:
+    """One guarded execution, as the work sees it."""
+
+    def __init__(self, guard: Guard, lease: Lease, heartbeat: Heartbeat, started: float) -> None:
+        self._guard = guard
+        self.lease = lease
+        self.heartbeat = heartbeat
+        self.started_monotonic = started
+        self.exit_code: int | None = None
+        """Set by a supervisor: the child's exit status (non-zero means failed)."""
+        self.stopped_by: LeaseLost | None = None
+        """Set when the work was stopped because the lease was lost, revoked or timed out."""
+
+    @property
+    def run_id(self) -> str:
+        return self.lease.run_id
+
+    @property
+    def job(self) -> str:
+        return self.lease.job
+
+    @property
+    def token(self) -> int:
+        """The fencing token: pass it to every write you want fenced (G2)."""
+        return self.lease.token
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set when the lease is lost, revoked or the run timed out."""
+        return self.heartbeat.lost_event
+
+    def lost_reason(self) -> LeaseLost | None:
+        """Why the run must stop, or None while the lease is believed. Reads
+        the clock itself, so a dead or hung heartbeat thread still counts."""
+        hb = self.heartbeat
+        if hb.lost is not None:
+            return hb.lost
+        if self._guard.clock.monotonic() >= hb.deadline:
+            return LeaseLost(self.lease.key, "no renewal succeeded before the deadline")
+        return None
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` (or ``LeaseRevoked``/``TimedOut``) if this run
+        must stop. Call it between units of work."""
+        why = self.lost_reason()
+        if why is not None:
+            raise why
+
+
+class Guard:
+    """Context manager returned by ``Warden.guard``."""
+
+    def __init__(self, warden: Warden, job: str, options: Options) -> None:
+        self.warden = warden
+        self.clock = warden.clock
+        self.job = check_name(job, "job name")
+        self.options = options
+        self.key = job if options.shard is None else f"{job}:{options.shard}"
+        self.refused: Refused | None = None
+        self.run: Run | None = None
+        self.abandoned: tuple[str, ...] = ()
+
+    # -- acquiring --------------------------------------------------------
+
+    def _start(self, run_id: str | None = None) -> Start:
+        o = self.options
+        return Start(
+            job=self.job, key=self.key, run_id=run_id or new_id(), host=self.warden.host,
+            pid=os.getpid(), ttl=o.ttl, at=self.clock.wall(), policy=o.policy, slot=o.slot,
+            max_pending=o.max_pending,
+        )  # fmt: skip
+
+    def acquire(self) -> Run | None:
+        """Try to start a run. Returns the run, or None when refused (the
+        refusal is recorded and kept in ``self.refused``)."""
+        start = self._start()
+        sent = self.clock.monotonic()
+        result = self.warden.store.acquire(start)
+        if isinstance(result, Refused) and result.refusal is Refusal.REVOKING:
+            result, sent = self._wait_for_replaced(start, result)
+        if isinstance(result, Refused):
+            self.refused = result
+            self.abandoned = result.abandoned
+            return None
+        self.abandoned = result.abandoned
+        self.run = self._begin(result, sent)
+        return self.run
+
+    def _wait_for_replaced(self, start: Start, refused: Refused) -> tuple[Granted | Refused, float]:
+        """Policy replace: the holder was asked to stop through the store; it
+        notices within one renew interval, stops its work within the replace
+        grace, and releases. A dead holder's lease expires within a ttl."""
+        o = self.options
+        give_up = self.clock.monotonic() + refused.holder.expires_in + o.replace_grace + 1.0
+        interval = min(0.25, o.ttl / 20)
+        result: Granted | Refused = refused
+        sent = self.clock.monotonic()
+        while isinstance(result, Refused) and result.refusal is Refusal.REVOKING:
+            if self.clock.monotonic() >= give_up:
+                # The holder would not let go: record the slot as skipped.
+                skip = dataclasses.replace(start, policy=Policy.SKIP, at=self.clock.wall())
+                return self.warden.store.acquire(skip), sent
+            self.clock.sleep(interval)
+            sent = self.clock.monotonic()
+            result = self.warden.store.acquire(start)
+        return result, sent
+
+    def _begin(self, granted: Granted, sent: float) -> Run:
+        lease = granted.lease
+        hb = Heartbeat(
+            lambda: self.warden.store.renew(lease),
+            ttl=self.options.ttl,
+            interval=self.options.renew_every,
+            clock=self.clock,
+            started_at=sent,
+            stop_at=None if self.options.max_runtime is None else sent + self.options.max_runtime,
+        )
+        run = Run(self, lease, hb, sent)
+        hb.start(lease.key)
+        return run
+
+    # -- ending -----------------------------------------------------------
+
+    def outcome(self, run: Run, error: BaseException | None) -> End:
+        """Judge how the run ended. Lease trouble outranks the work's own
+        result: work finished without a believed lease is not a success."""
+        why = run.stopped_by or run.lost_reason()
+        if why is None and isinstance(error, LeaseLost):
+            why = error
+        at = self.clock.wall()
+        if isinstance(why, LeaseRevoked):
+            return End(outcome=Outcome.REPLACED, at=at, exit_code=run.exit_code, detail=str(why),
+                       replaced_by=why.by_run_id)  # fmt: skip
+        if isinstance(why, TimedOut):
+            return End(outcome=Outcome.TIMED_OUT, at=at, exit_code=run.exit_code, detail=str(why))
+        if why is not None:
+            return End(outcome=Outcome.LEASE_LOST, at=at, exit_code=run.exit_code, detail=str(why))
+        if error is not None:
+            detail = f"{type(error).__name__}: {error}"[:500]
+            return End(outcome=Outcome.FAILED, at=at, exit_code=run.exit_code, detail=detail)
+        if run.exit_code:
+            return End(outcome=Outcome.FAILED, at=at, exit_code=run.exit_code,
+                       detail=f"exit status {run.exit_code}")  # fmt: skip
+        return End(outcome=Outcome.SUCCEEDED, at=at, exit_code=run.exit_code)
+
+    def end(self, run: Run, error: BaseException | None, *, again: bool = False) -> Run | None:
+        """Record the terminal outcome and release (G5/G6). With ``again``
+        (policy queue), start the next pending run on the same lease and
+        return it."""
+        run.heartbeat.stop()
+        end = self.outcome(run, error)
+        then = self._start() if again and end.outcome is Outcome.SUCCEEDED else None
+        sent = self.clock.monotonic()
+        finished = self._finish_with_retries(run.lease, end, then)
+        self.run = None
+        if finished is not None and finished.next is not None:
+            self.run = self._begin(Granted(lease=finished.next), sent)
+        return self.run
+
+    def _finish_with_retries(self, lease: Lease, end: End, then: Start | None) -> Finished | None:
+        """The terminal record matters more than promptness: retry a locked or
+        unreachable store for up to a ttl. If it still fails, the next start
+        (or the monitor) finds the lease expired and records ``abandoned``."""
+        give_up = self.clock.monotonic() + max(self.options.ttl, 5.0)
+        delay = 0.05
+        while True:
+            try:
+                return self.warden.store.finish(lease, end, then)
+            except StoreUnavailable as e:
+                if self.clock.monotonic() + delay >= give_up:
+                    print(f"cronwarden: could not record the end of run {lease.run_id}: {e}",
+                          file=sys.stderr)  # fmt: skip
+                    return None
+                self.clock.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    # -- the with statement ----------------------------------------------
+
+    def __enter__(self) -> Run:
+        if self.options.policy is Policy.QUEUE:
+            raise UsageError(
+                "policy queue re-runs the work while starts are pending: use @warden.job(...) "
+                "or cronwarden run, not a with block"
+            )
+        run = self.acquire()
+        if run is None:
+            assert self.refused is not None
+            self.warden.report_refusal(self.job, self.refused)
+            raise NotStarted(self.job, self.refused.refusal.value, self.refused.holder.run_id)
+        return run
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.run is not None:
+            self.end(self.run, exc)
+
+
+class Warden:
+    """Entry point of the library.
+
+    ``store`` is a URL (opened here, closed by ``close``) or a ``Store``
+    object (the caller keeps ownership). Defaults to ``CRONWARDEN_STORE`` or
+    the embedded SQLite file in the user's state directory.
+    """
+
+    def __init__(
+        self,
+        store: Store | str | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        host: str | None = None,
+        quiet: bool = False,
+    ) -> None:
+        self.clock = clock
+        self.host = host or this_host()
+        self.quiet = quiet
+        if store is None or isinstance(store, str):
+            from cronwarden.stores import default_store_url, open_store
+
+            url = store or os.environ.get("CRONWARDEN_STORE") or default_store_url()
+            self.store: Store = open_store(url, clock=clock)
+            self._owns_store = True
+        else:
+            self.store = store
+            self._owns_store = False
+
+    def guard(self, job: str, **options: Any) -> Guard:
+        """``with warden.guard("reconcile", ttl=120) as run: ...``
+
+        Options are those of ``Options`` (ttl, policy, shard, renew_every,
+        max_runtime, max_pending, replace_grace, allow_unpartitioned, slot).
+        A refused start is recorded and raises ``NotStarted``.
+        """
+        return Guard(self, job, _options(options))
+
+    def job(
+        self, name: str | None = None, **options: Any
+    ) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+        """Decorator: the function runs under the job's lease; a refused start
+        is recorded, reported on stderr, and returns None. With policy queue
+        the function runs again while starts are pending."""
+        opts = _options(options)
+
+        def wrap(fn: Callable[P, R]) -> Callable[P, R | None]:
+            job_name = name or fn.__name__
+
+            def guarded(*args: P.args, **kwargs: P.kwargs) -> R | None:
+                guard = Guard(self, job_name, opts)
+                run = guard.acquire()
+                if run is None:
+                    assert guard.refused is not None
+                    self.report_refusal(job_name, guard.refused)
+                    return None
+                result: R | None = None
+                while run is not None:
+                    try:
+                        result = fn(*args, **kwargs)
+                    except BaseException as e:
+                        guard.end(run, e)
+                        raise
+                    run = guard.end(run, None, again=opts.policy is Policy.QUEUE)
+                return result
+
+            guarded.__name__ = getattr(fn, "__name__", job_name)
+            guarded.__doc__ = fn.__doc__
+            return guarded
+
+        return wrap
+
+    def report_refusal(self, job: str, refused: Refused) -> None:
+        if not self.quiet:
+            print(describe_refusal(job, refused, self.clock.wall()), file=sys.stderr)
+
+    def close(self) -> None:
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Warden:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _options(options: dict[str, Any]) -> Options:
+    if "policy" in options and isinstance(options["policy"], str):
+        options = {**options, "policy": Policy.parse(options["policy"])}
+    try:
+        return Options(**options)
+    except TypeError as e:
+        raise UsageError(f"unknown guard option: {e}") from None
+
+
+def describe_refusal(job: str, refused: Refused, now: float) -> str:
+    h = refused.holder
+    what = {
+        Refusal.SKIPPED: "skipped",
+        Refusal.QUEUED: "queued",
+        Refusal.QUEUE_FULL: "not queued (queue full)",
+        Refusal.REVOKING: "skipped (holder did not stop)",
+    }[refused.refusal]
+    from time import localtime, strftime
+
+    since = strftime("%Y-%m-%d %H:%M:%S", localtime(h.started_at))
+    return (
+        f"cronwarden: {job} {what}: run {h.run_id} (host {h.host}, pid {h.pid}) has held it "
+        f"since {since}, {format_duration(max(0.0, now - h.started_at))} ago; this slot did no work"
+    )

@@ -1,0 +1,92 @@
+"""When a job should fire: a cron expression (with a time zone) or a plain
+period. Gives the slot a start belongs to, the next fire, and the period the
+monitor compares durations with. cronsim is imported only for cron
+expressions, so ``--every`` costs nothing on the wrapper's hot path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+from itertools import pairwise
+from typing import Any
+
+from cronwarden.durations import format_duration, parse_positive_duration
+from cronwarden.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Schedule:
+    text: str
+    """``every 10m`` or the cron expression as given."""
+    every: float | None = None
+    cron: str | None = None
+    tz: str | None = None
+
+    @classmethod
+    def every_(cls, text: str) -> Schedule:
+        seconds = parse_positive_duration(text, what="--every")
+        return cls(text=f"every {format_duration(seconds)}", every=seconds)
+
+    @classmethod
+    def cron_(cls, expr: str, tz: str | None = None) -> Schedule:
+        sched = cls(text=expr.strip(), cron=expr.strip(), tz=tz)
+        sched._zone()  # validate the time zone now
+        sched._iter(datetime(2026, 1, 1, tzinfo=sched._zone()))  # and the expression
+        return sched
+
+    @classmethod
+    def parse(cls, text: str, tz: str | None = None) -> Schedule:
+        """``every 10m`` / ``@every 10m`` / a cron expression."""
+        t = text.strip()
+        for prefix in ("@every ", "every "):
+            if t.lower().startswith(prefix):
+                return cls.every_(t[len(prefix) :])
+        return cls.cron_(t, tz)
+
+    def _zone(self) -> tzinfo:
+        from datetime import UTC
+
+        if not self.tz:
+            return UTC if self.cron is None else datetime.now().astimezone().tzinfo or UTC
+        try:
+            from zoneinfo import ZoneInfo
+
+            return ZoneInfo(self.tz)
+        except Exception:
+            raise UsageError(f"time zone must be an IANA name like Europe/Berlin, got {self.tz!r}") from None
+
+    def _iter(self, start: datetime, reverse: bool = False) -> Any:
+        from cronsim import CronSim, CronSimError
+
+        try:
+            return CronSim(self.cron or "", start, reverse=reverse)
+        except CronSimError as e:
+            raise UsageError(
+                f"schedule must be a cron expression like '*/10 * * * *': {e} in {self.cron!r}"
+            ) from None
+
+    def slot(self, now: float) -> float:
+        """The latest fire time at or before ``now`` (epoch seconds)."""
+        if self.every is not None:
+            return (now // self.every) * self.every
+        start = datetime.fromtimestamp(now, self._zone()) + timedelta(seconds=1)
+        return float(next(self._iter(start.replace(microsecond=0), reverse=True)).timestamp())
+
+    def next_fire(self, after: float) -> float:
+        if self.every is not None:
+            return (after // self.every + 1) * self.every
+        start = datetime.fromtimestamp(after, self._zone())
+        return float(next(self._iter(start)).timestamp())
+
+    def period(self, around: float | None = None) -> float:
+        """Seconds between fires. For cron, the shortest gap among the next
+        fires: the tightest slot is the one that overlaps first."""
+        if self.every is not None:
+            return self.every
+        import time
+
+        t = time.time() if around is None else around
+        fires = [self.next_fire(t)]
+        for _ in range(24):
+            fires.append(self.next_fire(fires[-1]))
+        return min(b - a for a, b in pairwise(fires))
