@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from typing import Any
@@ -37,7 +38,28 @@ def _state(run: RunRecord) -> str:
     return "running"
 
 
-def status(args: Any) -> int:
+def configure_status(p: argparse.ArgumentParser) -> None:
+    from cronwarden.cli import add_store_flag
+
+    p.description = (
+        "The runs open now on every host: job, run id, host, pid, age, lease expiry, fencing "
+        "token, pending starts. A run whose lease expired is recorded abandoned at the next start."
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--job", help="only this job")
+    add_store_flag(p)
+
+
+def configure_history(p: argparse.ArgumentParser) -> None:
+    from cronwarden.cli import add_store_flag
+
+    p.add_argument("job", help="job name")
+    p.add_argument("--limit", type=int, default=20, help="how many runs (default 20)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    add_store_flag(p)
+
+
+def main_status(args: Any) -> int:
     store = _open(args)
     try:
         runs = store.open_runs(args.job)
@@ -76,7 +98,7 @@ def status(args: Any) -> int:
     return 0
 
 
-def history(args: Any) -> int:
+def main_history(args: Any) -> int:
     from cronwarden.guard import check_name
 
     check_name(args.job, "job name")
