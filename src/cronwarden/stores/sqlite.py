@@ -186,6 +186,8 @@ class SqliteStore(Store):
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
         rest = url.split("://", 1)[1]
         path, _, query = rest.partition("?")
+        while path.startswith("//"):  # sqlite:////abs/path, as SQLAlchemy writes it
+            path = path[1:]
         if not path or path == "/":
             raise StoreUrlError(url, "expected sqlite:///PATH/TO/FILE.db")
         params = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}

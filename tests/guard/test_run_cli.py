@@ -1,0 +1,204 @@
+"""``cronwarden run`` with real processes and real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.contract import assert_one_terminal_per_start, ledger
+
+from cronwarden.events import EventKind, Outcome
+from cronwarden.stores import open_store
+
+CLI = [sys.executable, "-m", "cronwarden"]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})}, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie nobody reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_two_runs_started_together_run_the_command_once(store_url: str, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = f"echo $CRONWARDEN_RUN_ID >> {marker}; sleep 1.5"
+    procs = [cli("run", "--job", "pair", "--ttl", "10s", "--store", store_url, "--", "sh", "-c", script)
+             for _ in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=30) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    runs = marker.read_text().split()
+    assert len(runs) == 1, f"the command ran {len(runs)} times"
+    with open_store(store_url) as store:
+        skips = ledger(store, kinds=[EventKind.SKIPPED])
+        assert len(skips) == 1
+        assert skips[0].data["holder_run_id"] == runs[0]
+        assert_one_terminal_per_start(store)
+    assert any("skipped" in err and runs[0] in err for _, err in outs)
+
+
+def test_child_gets_run_id_job_and_fencing_token(store_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    script = f'echo "$CRONWARDEN_RUN_ID $CRONWARDEN_JOB $CRONWARDEN_FENCING_TOKEN" > {out}'
+    p = cli("run", "--job", "envjob", "--store", store_url, "--", "sh", "-c", script)
+    p.communicate(timeout=30)
+    run_id, job, token = out.read_text().split()
+    with open_store(store_url) as store:
+        record = store.run(run_id)
+    assert record is not None and job == "envjob" and int(token) == record.token
+
+
+def test_exit_status_of_the_command_is_passed_through_and_recorded(store_url: str) -> None:
+    p = cli("run", "--job", "fails", "--store", store_url, "--", "sh", "-c", "exit 7")
+    p.communicate(timeout=30)
+    assert p.returncode == 7
+    with open_store(store_url) as store:
+        (record,) = store.runs("fails")
+    assert record.outcome is Outcome.FAILED and record.exit_code == 7
+
+
+def test_sigterm_to_the_supervisor_reaches_the_child_and_is_recorded(store_url: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    p = cli(
+        "run", "--job", "term", "--store", store_url, "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"
+    )
+    child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child pid"))
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=10)
+    assert p.returncode == 128 + signal.SIGTERM
+    assert not alive(child)
+    with open_store(store_url) as store:
+        (record,) = store.runs("term")
+        assert record.outcome is Outcome.FAILED
+        info = store.lease("term")
+        assert info is not None and info.owner is None
+
+
+def test_kill_9_of_the_supervisor_kills_its_child_and_the_next_start_abandons_the_run(
+    store_url: str, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    p = cli("run", "--job", "crash", "--ttl", "1s", "--store", store_url, "--",
+            "sh", "-c", f"echo $$ > {pidfile}; exec sleep 30")  # fmt: skip
+    child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child pid"))
+    p.kill()
+    p.wait()
+    killed_at = time.monotonic()
+    wait_for(lambda: not alive(child), timeout=1.0, what="the child to die with its supervisor")
+    assert time.monotonic() - killed_at < 1.0
+    with open_store(store_url) as store:
+        (old,) = store.runs("crash")
+    # The next start after the lease expired runs, marks the old run
+    # abandoned, and gets a larger fencing token.
+    deadline = time.monotonic() + 15
+    while True:
+        q = cli("run", "--job", "crash", "--ttl", "1s", "--store", store_url, "--", "true")
+        _, err = q.communicate(timeout=30)
+        with open_store(store_url) as store:
+            runs = store.runs("crash")
+        if len(runs) == 2:
+            break
+        assert "skipped" in err and time.monotonic() < deadline
+        time.sleep(0.2)
+    assert q.returncode == 0
+    with open_store(store_url) as store:
+        new = store.runs("crash")[0]
+        assert store.run(old.run_id).outcome is Outcome.ABANDONED  # type: ignore[union-attr]
+        assert new.outcome is Outcome.SUCCEEDED and new.token > old.token
+        (abandoned,) = ledger(store, kinds=[EventKind.ABANDONED])
+        assert abandoned.run_id == old.run_id and abandoned.data["found_by"] == new.run_id
+        assert_one_terminal_per_start(store)
+
+
+LOCKER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("COMMIT")
+"""
+
+
+def test_locked_store_stops_the_work_before_the_ttl_and_records_lease_lost(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    pidfile = tmp_path / "pid"
+    ttl = 2.0
+    p = cli("run", "--job", "locked", "--ttl", f"{ttl}s", "--store", url, "--",
+            "sh", "-c", f"echo $$ > {pidfile}; exec sleep 30")  # fmt: skip
+    child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child pid"))
+    with open_store(url) as store:
+        (run,) = store.runs("locked")
+    started = time.time()
+    # Another process holds the database's write lock for longer than the
+    # ttl: every renewal fails.
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(db), str(ttl * 2)], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+    wait_for(lambda: not alive(child), timeout=ttl * 2, what="the child to be stopped")
+    stopped_after = time.time() - run.started_at
+    assert stopped_after < ttl, f"work ran {stopped_after:.2f}s on a {ttl}s lease"
+    _, err = p.communicate(timeout=30)
+    locker.wait(timeout=30)
+    assert p.returncode == 3, err
+    with open_store(url) as store:
+        record = store.run(run.run_id)
+        assert record is not None and record.outcome is Outcome.LEASE_LOST
+        assert_one_terminal_per_start(store)
+    assert started > 0
+
+
+def test_skip_exit_code_is_used_for_a_skipped_start(store_url: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    holder = cli(
+        "run", "--job", "held", "--store", store_url, "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"
+    )
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="holder")
+    p = cli("run", "--job", "held", "--skip-exit-code", "75", "--store", store_url, "--", "true")
+    _, err = p.communicate(timeout=30)
+    holder.terminate()
+    holder.communicate(timeout=10)
+    assert p.returncode == 75
+    assert "skipped" in err and "this slot did no work" in err
+
+
+def test_unreachable_store_fails_closed_with_75() -> None:
+    p = cli("run", "--job", "x", "--store", "redis://127.0.0.1:1/0", "--", "true")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 75, err
+    assert "not running x" in err and "Traceback" not in err
+
+
+def test_unreachable_store_runs_unguarded_with_opt_in(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    p = cli("run", "--job", "x", "--store", "redis://127.0.0.1:1/0", "--on-store-error", "run", "--",
+            "sh", "-c", f"touch {marker}")  # fmt: skip
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and marker.exists()
+    assert "UNGUARDED" in err
