@@ -25,6 +25,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("cronwarden.commands.views", "the runs open now, on every host"),
     "history": ("cronwarden.commands.views", "a job's recent runs and the skips between them"),
     "demo": ("cronwarden.demo", "the seed incident in compressed time: naive cron vs guarded"),
+    "audit": ("cronwarden.commands.monitor", "every job's durations against its period, policy and verdict"),
+    "check": ("cronwarden.commands.monitor", "one monitoring pass; exit 0 ok, 1 warning, 2 critical"),
+    "monitor": ("cronwarden.commands.monitor", "evaluate in a loop: record findings, deliver the outbox"),
+    "metrics": ("cronwarden.commands.monitor", "Prometheus text exposition of the ledger's job statistics"),
+    "report": ("cronwarden.commands.monitor", "report start/success/fail of a job cronwarden cannot wrap"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""
