@@ -33,7 +33,7 @@ from cronwarden.errors import (
 from cronwarden.events import Outcome, new_id
 from cronwarden.lease import Heartbeat, Lease
 from cronwarden.policy import Policy
-from cronwarden.stores.base import End, Finished, Granted, Refusal, Refused, Start, Store
+from cronwarden.stores.base import End, Finished, Granted, Holder, Refusal, Refused, Start, Store
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -159,14 +159,21 @@ class Guard:
         self.refused: Refused | None = None
         self.run: Run | None = None
         self.abandoned: tuple[str, ...] = ()
+        self.overlapped: Holder | None = None
+        """Policy allow without a shard: the run that was open when this one started."""
 
     # -- acquiring --------------------------------------------------------
 
     def _start(self, run_id: str | None = None) -> Start:
         o = self.options
+        # A shard is the partition policy allow promises to work once at a
+        # time: a second start on a held shard is refused and recorded like a
+        # skip. The store's allow (side lease + overlap) is for unpartitioned
+        # jobs only.
+        policy = Policy.SKIP if o.policy is Policy.ALLOW and o.shard is not None else o.policy
         return Start(
             job=self.job, key=self.key, run_id=run_id or new_id(), host=self.warden.host,
-            pid=os.getpid(), ttl=o.ttl, at=self.clock.wall(), policy=o.policy, slot=o.slot,
+            pid=os.getpid(), ttl=o.ttl, at=self.clock.wall(), policy=policy, slot=o.slot,
             max_pending=o.max_pending,
         )  # fmt: skip
 
@@ -183,6 +190,7 @@ class Guard:
             self.abandoned = result.abandoned
             return None
         self.abandoned = result.abandoned
+        self.overlapped = result.overlapped
         self.run = self._begin(result, sent)
         return self.run
 
@@ -202,6 +210,9 @@ class Guard:
                 return self.warden.store.acquire(skip), sent
             self.clock.sleep(interval)
             sent = self.clock.monotonic()
+            # Same run id (the revocation names it), but the time of this
+            # attempt: the run starts when it is granted, not when it asked.
+            start = dataclasses.replace(start, at=self.clock.wall())
             result = self.warden.store.acquire(start)
         return result, sent
 
@@ -249,7 +260,11 @@ class Guard:
         return it."""
         run.heartbeat.stop()
         end = self.outcome(run, error)
-        then = self._start() if again and end.outcome is Outcome.SUCCEEDED else None
+        # A pending start asked for a run after this one; the work failing
+        # does not cancel that request. Lease trouble does: this process no
+        # longer has a lease to hand on (replaced, lost) or was stopped.
+        drain = again and end.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+        then = self._start() if drain else None
         sent = self.clock.monotonic()
         finished = self._finish_with_retries(run.lease, end, then)
         self.run = None

@@ -36,8 +36,13 @@ class Schedule:
 
     @classmethod
     def parse(cls, text: str, tz: str | None = None) -> Schedule:
-        """``every 10m`` / ``@every 10m`` / a cron expression."""
+        """``every 10m`` / ``@every 10m`` / a cron expression, optionally
+        preceded by ``CRON_TZ=Zone`` (cronie's spelling; how the store keeps a
+        cron schedule's time zone)."""
         t = text.strip()
+        if t.startswith("CRON_TZ="):
+            zone, _, t = t.removeprefix("CRON_TZ=").partition(" ")
+            return cls.cron_(t, zone)
         for prefix in ("@every ", "every "):
             if t.lower().startswith(prefix):
                 return cls.every_(t[len(prefix) :])

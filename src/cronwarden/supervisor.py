@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from cronwarden.errors import LeaseLost, LeaseRevoked, TimedOut, UsageError
+from cronwarden.errors import LeaseLost, LeaseRevoked, UsageError
 from cronwarden.guard import Run
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -75,7 +75,9 @@ class Supervisor:
         self.replace_grace = replace_grace
         self.child: subprocess.Popen[bytes] | None = None
         self._wake_r, self._wake_w = os.pipe()
-        self._signalled: int | None = None
+        self.signalled: int | None = None
+        """The signal forwarded to the child (SIGTERM, SIGINT, SIGHUP), if any:
+        someone asked this run to stop, so no queued run may follow it."""
 
     def _on_lost(self) -> None:
         try:
@@ -84,7 +86,7 @@ class Supervisor:
             pass
 
     def _forward(self, signum: int, _frame: object) -> None:
-        self._signalled = signum
+        self.signalled = signum
         if self.child is not None and self.child.returncode is None:
             try:
                 os.killpg(self.child.pid, signum)
@@ -142,11 +144,13 @@ class Supervisor:
         child = self.child
         assert child is not None
         self.run.stopped_by = why
+        hb = self.run.heartbeat
         grace = self.replace_grace if isinstance(why, LeaseRevoked) else self.kill_grace
-        if isinstance(why, LeaseLost) and not isinstance(why, (LeaseRevoked, TimedOut)):
-            # Refused outright (taken by another run) or the deadline is near:
-            # there is no time to be polite beyond the kill grace.
-            grace = min(grace, max(0.0, self.run.heartbeat.deadline - self.run.heartbeat.clock.monotonic()))
+        # Whatever grace was asked, the child must be gone before the belief
+        # ends: after a revocation renewals are refused, so the lease runs out
+        # at the deadline and the replacer may take it; after a refusal or an
+        # overdue renewal the deadline is near.
+        grace = min(grace, max(0.0, hb.deadline - hb.clock.monotonic()))
         print(f"cronwarden: stopping {self.run.job} run {self.run.run_id}: {why}", file=sys.stderr)
         _killpg(child.pid, signal.SIGTERM)
         try:

@@ -4,13 +4,21 @@ import only what one guarded run of one child needs."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from cronwarden.config import DEFAULT_TTL, JobSettings
+from cronwarden.durations import format_duration
 from cronwarden.errors import LeaseRevoked, StoreUnavailable, TimedOut, UsageError
+from cronwarden.events import JobInfo
 from cronwarden.guard import Guard, Options, Warden
 from cronwarden.policy import Policy
+
+if TYPE_CHECKING:
+    from cronwarden.schedule import Schedule
+    from cronwarden.stores.base import Store
 
 
 def _resolve(command: str) -> None:
@@ -29,15 +37,79 @@ def _resolve(command: str) -> None:
         raise CommandNotExecutable(f"command not executable: {command!r}")
 
 
-def _slot(args: Any, now: float) -> tuple[float | None, Any]:
-    if args.every is None and args.schedule is None:
-        if args.tz:
-            raise UsageError("--tz applies to --schedule; give --schedule 'CRON' too")
-        return None, None
+def _schedule(settings: JobSettings) -> Schedule | None:
+    """The job's schedule, if it has one. cronsim is imported only for a cron
+    expression: ``--every`` and no schedule cost nothing extra."""
+    if settings.every is None and settings.schedule is None:
+        return None
     from cronwarden.schedule import Schedule
 
-    sched = Schedule.every_(args.every) if args.every else Schedule.cron_(args.schedule, args.tz)
-    return sched.slot(now), sched
+    if settings.every is not None:
+        return Schedule(text=f"every {format_duration(settings.every)}", every=settings.every)
+    assert settings.schedule is not None
+    return Schedule.cron_(settings.schedule, settings.timezone)
+
+
+def _flags(args: Any) -> dict[str, Any]:
+    """The flags given on the command line, as settings (None: not given)."""
+    every = None
+    if args.every is not None:
+        from cronwarden.durations import parse_positive_duration
+
+        every = parse_positive_duration(args.every, what="--every")
+    reason = args.reason
+    if reason is not None and (not reason.strip() or "\n" in reason.strip()):
+        raise UsageError(f"--reason must be one sentence on one line saying why this policy, got {reason!r}")
+    return {
+        "ttl": args.ttl, "every": every, "schedule": args.schedule, "timezone": args.tz,
+        "policy": None if args.policy is None else Policy(args.policy),
+        "reason": None if reason is None else reason.strip(), "grace": args.grace,
+        "max_runtime": args.max_runtime, "max_pending": args.max_pending,
+        "replace_grace": args.replace_grace, "allow_unpartitioned": args.allow_unpartitioned,
+    }  # fmt: skip
+
+
+def _check_partition(settings: JobSettings, shard: str | None, config_path: str | None) -> None:
+    """Policy allow needs a shard from the job's list, or an explained
+    unpartitioned overlap."""
+    if settings.shards and shard is not None and shard not in settings.shards:
+        raise UsageError(f"--shard {shard!r} is not one of job {settings.name}'s shards in {config_path}: "
+                         f"{', '.join(settings.shards)}")  # fmt: skip
+    if settings.policy is not Policy.ALLOW or shard is not None:
+        return
+    if settings.shards and not settings.allow_unpartitioned:
+        raise UsageError(
+            f"policy allow for job {settings.name}: give --shard, one of {', '.join(settings.shards)}"
+        )
+    if settings.allow_unpartitioned and not settings.reason:
+        raise UsageError("--allow-unpartitioned needs --reason 'one sentence on why overlapping runs are "
+                         "safe' (or reason = \"…\" in the job's config)")  # fmt: skip
+
+
+def _job_info(settings: JobSettings, schedule: Schedule | None, now: float) -> JobInfo | None:
+    """What the monitor should know about this job, or None when the run says
+    nothing beyond the defaults (a bare ``cronwarden run --job x``): then the
+    store is not asked at all."""
+    said = (
+        settings.in_file or schedule is not None or settings.reason or settings.policy is not Policy.SKIP
+        or settings.grace is not None or settings.max_runtime is not None or settings.ttl != DEFAULT_TTL
+    )  # fmt: skip
+    if not said:
+        return None
+    return JobInfo(
+        name=settings.name, schedule=settings.schedule_text(),
+        period=None if schedule is None else schedule.period(now), policy=settings.policy.value,
+        reason=settings.reason, ttl=settings.ttl, grace=settings.grace, max_runtime=settings.max_runtime,
+        updated_at=now,
+    )  # fmt: skip
+
+
+def _sync_job(store: Store, info: JobInfo) -> None:
+    """Save the job's settings only when they changed: one read per run with
+    a schedule or config, a write only after an edit."""
+    known = next((j for j in store.jobs() if j.name == info.name), None)
+    if known is None or dataclasses.replace(known, updated_at=info.updated_at) != info:
+        store.save_job(info)
 
 
 EXIT_LEASE_LOST = 3
@@ -45,7 +117,11 @@ EXIT_REPLACED = 4
 EXIT_TIMED_OUT = 124
 EXIT_STORE = 75
 
-EPILOG = """exit status: the command's own (128+N if killed by signal N);
+EPILOG = """settings: flags > CRONWARDEN_* environment > the job's [jobs.NAME] table in the config file
+  (--config, $CRONWARDEN_CONFIG or ./cronwarden.toml) > its [defaults] > built-in defaults.
+
+exit status: the command's own (128+N if killed by signal N; with policy queue, the first
+  non-zero status of the runs it made);
   --skip-exit-code (default 0) when skipped or queued (the ledger records it either way);
   2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
   75 store unreachable or locked (fail closed); 126 not executable; 127 command not found.
@@ -73,25 +149,33 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.epilog = EPILOG
     p.add_argument("--job", required=True, help="job name (letters, digits, _ . @ -)")
-    p.add_argument("--ttl", type=duration("--ttl"), default=60.0, metavar="DURATION",
+    p.add_argument("--config", metavar="PATH",
+                   help="config file (default: $CRONWARDEN_CONFIG, else ./cronwarden.toml if present); "
+                   "the job's settings there are the defaults of these flags")  # fmt: skip
+    p.add_argument("--ttl", type=duration("--ttl"), metavar="DURATION",
                    help="lease time-to-live, renewed every ttl/3 (default 60s)")  # fmt: skip
     when = p.add_mutually_exclusive_group()
     when.add_argument("--every", metavar="DURATION", help="the job's period, e.g. 10m (slots, monitor)")
     when.add_argument("--schedule", metavar="CRON", help="the job's cron expression, e.g. '*/10 * * * *'")
     p.add_argument("--tz", metavar="ZONE", help="time zone of --schedule (default: local)")
-    p.add_argument("--policy", default="skip", choices=[x.value for x in Policy],
+    p.add_argument("--policy", choices=[x.value for x in Policy],
                    help="what a start does while another run holds the lease (default skip)")  # fmt: skip
+    p.add_argument("--reason", metavar="SENTENCE",
+                   help="one sentence: why this policy (recorded for the monitor and on-call)")  # fmt: skip
+    p.add_argument("--grace", type=duration("--grace"), metavar="DURATION",
+                   help="how late a run may start before the monitor calls the slot missed")  # fmt: skip
     p.add_argument("--shard", metavar="KEY", help="partition for policy allow: the lease key is JOB:KEY")
-    p.add_argument("--allow-unpartitioned", action="store_true",
-                   help="policy allow without --shard (overlaps are still recorded)")  # fmt: skip
+    p.add_argument("--allow-unpartitioned", action="store_true", default=None,
+                   help="policy allow without --shard (needs --reason; overlaps are recorded)")  # fmt: skip
     p.add_argument("--renew-every", type=duration("--renew-every"), metavar="DURATION",
                    help="heartbeat interval (default ttl/3; must be less than the ttl)")  # fmt: skip
     p.add_argument("--max-runtime", type=duration("--max-runtime"), metavar="DURATION",
                    help="stop the run after this long and record timed_out")  # fmt: skip
-    p.add_argument("--max-pending", type=int, default=1, metavar="N",
+    p.add_argument("--max-pending", type=int, metavar="N",
                    help="policy queue: most starts kept pending (default 1: coalesce)")  # fmt: skip
-    p.add_argument("--replace-grace", type=duration("--replace-grace"), default=10.0, metavar="DURATION",
-                   help="policy replace: SIGTERM-to-SIGKILL time for the old run")  # fmt: skip
+    p.add_argument("--replace-grace", type=duration("--replace-grace"), metavar="DURATION",
+                   help="policy replace: SIGTERM-to-SIGKILL time for the old run (default 10s, "
+                   "at most what is left of its lease)")  # fmt: skip
     p.add_argument("--skip-exit-code", type=_exit_code, default=0, metavar="N",
                    help="exit status when the start is skipped or queued (default 0)")  # fmt: skip
     p.add_argument("--on-store-error", choices=["fail", "run"], default="fail",
@@ -102,8 +186,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: Any) -> int:
-    from cronwarden.cli import store_url
     from cronwarden.clock import SYSTEM_CLOCK
+    from cronwarden.config import find, load, resolve
 
     command = list(args.command)
     if not command or command[0] != "--":
@@ -112,16 +196,27 @@ def main(args: Any) -> int:
     if not command:
         raise UsageError("run: no command after --; expected e.g. cronwarden run --job NAME -- ./job.sh")
 
-    slot, _schedule = _slot(args, SYSTEM_CLOCK.wall())
+    config_path = find(args.config)
+    config = load(config_path, job=args.job)
+    settings = resolve(args.job, config, _flags(args))
+    if args.tz and settings.schedule is None:
+        raise UsageError("--tz applies to a cron schedule; give --schedule 'CRON' too")
+    _check_partition(settings, args.shard, config_path)
+    schedule = _schedule(settings)
+    now = SYSTEM_CLOCK.wall()
     options = Options(
-        ttl=args.ttl, policy=Policy(args.policy), shard=args.shard, renew_every=args.renew_every,
-        max_runtime=args.max_runtime, max_pending=args.max_pending, replace_grace=args.replace_grace,
-        allow_unpartitioned=args.allow_unpartitioned, slot=slot,
+        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=args.renew_every,
+        max_runtime=settings.max_runtime, max_pending=settings.max_pending,
+        replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
+        slot=None if schedule is None else schedule.slot(now),
     )  # fmt: skip
     _resolve(command[0])
+    info = _job_info(settings, schedule, now)
     try:
-        warden = Warden(store_url(args), quiet=args.quiet)
+        warden = Warden(_store_url(args, config.store), quiet=args.quiet)
         guard = Guard(warden, args.job, options)
+        if info is not None:
+            _sync_job(warden.store, info)
         run = guard.acquire()
     except StoreUnavailable as e:
         if args.on_store_error != "run":
@@ -135,6 +230,11 @@ def main(args: Any) -> int:
             assert guard.refused is not None
             warden.report_refusal(args.job, guard.refused)
             return int(args.skip_exit_code)
+        if guard.overlapped is not None and not args.quiet:
+            h = guard.overlapped
+            print(f"cronwarden: {args.job} run {run.run_id} overlaps run {h.run_id} (host {h.host}, "
+                  f"pid {h.pid}); both run (policy allow, unpartitioned); recorded as overlap",
+                  file=sys.stderr)  # fmt: skip
         from cronwarden.supervisor import Supervisor
 
         code = 0
@@ -151,12 +251,16 @@ def main(args: Any) -> int:
             sup = Supervisor(run, command, env, kill_grace=options.kill_grace,
                              replace_grace=options.replace_grace)  # fmt: skip
             try:
-                code = sup.execute()
+                status = sup.execute()
+                code = code or status
             except BaseException as e:
                 guard.end(run, e)
                 raise
             stopped = run.stopped_by or run.lost_reason()
-            run = guard.end(run, None, again=options.policy is Policy.QUEUE)
+            # A signal to cronwarden asks the run to stop: pending starts stay
+            # pending for the next holder rather than starting now.
+            again = options.policy is Policy.QUEUE and sup.signalled is None
+            run = guard.end(run, None, again=again)
             if isinstance(stopped, LeaseRevoked):
                 return EXIT_REPLACED
             if isinstance(stopped, TimedOut):
@@ -166,6 +270,17 @@ def main(args: Any) -> int:
         return code
     finally:
         warden.close()
+
+
+def _store_url(args: Any, configured: str | None) -> str:
+    """--store > $CRONWARDEN_STORE > the config file's store > the default."""
+    if args.store:
+        return str(args.store)
+    if configured:
+        return configured
+    from cronwarden.stores import default_store_url
+
+    return default_store_url()
 
 
 def _unguarded(command: list[str]) -> int:
