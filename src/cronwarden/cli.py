@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("cronwarden.commands.monitor", "every job's durations against its period, policy and verdict"),
     "check": ("cronwarden.commands.monitor", "one monitoring pass; exit 0 ok, 1 warning, 2 critical"),
     "monitor": ("cronwarden.commands.monitor", "evaluate in a loop: record findings, deliver the outbox"),
+    "flush": ("cronwarden.commands.flush", "deliver the events the sinks have not acknowledged yet, now"),
     "metrics": ("cronwarden.commands.monitor", "Prometheus text exposition of the ledger's job statistics"),
     "report": ("cronwarden.commands.monitor", "report start/success/fail of a job cronwarden cannot wrap"),
 }

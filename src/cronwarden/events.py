@@ -37,6 +37,14 @@ class EventKind(enum.StrEnum):
     STUCK = "stuck"
     GRACE_TOO_WIDE = "grace_too_wide"
     POLICY_UNDECIDED = "policy_undecided"
+    # Delivery to external sinks (``outbox.py``), recorded under the job name
+    # ``sink:NAME`` (":" cannot occur in a real job name).
+    SINK_FAILED = "sink_failed"
+    """A delivery to a sink failed; its events stay in its outbox (data: sink,
+    attempt, error, retry_at, down_since)."""
+    SINK_RECOVERED = "sink_recovered"
+    """A sink that had failed accepted a delivery again (data: sink, attempts,
+    down_since)."""
 
 
 class Outcome(enum.StrEnum):

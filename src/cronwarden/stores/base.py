@@ -45,6 +45,32 @@ script) and, on the network backends, one round trip:
 
 The read side (``open_runs``, ``runs``, ``events``, ``jobs``) returns frozen
 records; it never changes the ledger.
+
+The outbox (G9). Each sink's outbox is the ledger minus what that sink has
+acknowledged: no copy of the events, no separate queue. Delivery is at least
+once: the caller delivers, then acknowledges; a crash in between delivers
+again, so receivers deduplicate by ``event_id``.
+
+``undelivered(sink, limit, *, backfill=NEW_SINK_BACKFILL)``
+    Up to ``limit`` events the sink has not acknowledged, across all jobs,
+    oldest first (ascending ``seq``, each with ``seq`` set). The first call
+    for a sink name registers it: its outbox starts just before the first
+    event, in ledger order, whose ``at`` is within ``backfill`` seconds of
+    now, so a new sink sees the run that is ending (``cronwarden run`` flushes
+    after its terminal record) but not years of history. Later calls ignore
+    ``backfill``; registration is durable like the ledger.
+    It must never miss an event that becomes visible *after* later events
+    were acknowledged (PostgreSQL sequence values commit out of order). Keep
+    per sink a low-water mark below which everything is acknowledged, plus
+    the set of acknowledged events above it; move the mark only over events
+    that no transaction still in flight could precede.
+
+``mark_delivered(sink, event_ids)``
+    Acknowledge events for the sink: ``undelivered(sink, …)`` never returns
+    them again. Idempotent and order-free: acknowledging twice, or a later
+    event before an earlier one, is fine; ids not in the ledger are ignored.
+    In the same step, advance the sink's mark over the acknowledged prefix
+    and prune the acknowledged set below it, so the set stays small.
 """
 
 from __future__ import annotations
@@ -152,6 +178,10 @@ class EventQuery:
     newest_first: bool = True
 
 
+NEW_SINK_BACKFILL = 3600.0
+"""Seconds of history a newly registered sink is given (see ``undelivered``)."""
+
+
 class Store(abc.ABC):
     """See the module docstring for the contract of each method."""
 
@@ -191,6 +221,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def jobs(self) -> list[JobInfo]: ...
+
+    # The outbox. Part of the contract like the rest, but not yet abstract:
+    # the PostgreSQL and Redis stores are implementing it (docs/sinks.md,
+    # "Store implementations"); make both abstract once they have.
+
+    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
+        raise NotImplementedError(f"{type(self).__name__} has no outbox yet (undelivered)")
+
+    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no outbox yet (mark_delivered)")
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -11,6 +11,12 @@ fsync per commit (about a millisecond here); a cron job starts at most a few
 times a minute, and a fencing counter that goes backwards after a crash would
 break G2. ``?synchronous=normal`` in the URL trades that for speed on hosts
 where losing the last commits on power loss is acceptable.
+
+The outbox (schema v2) is a mark per sink plus the acknowledged events above
+it. SQLite has one writer at a time and assigns ``seq`` (AUTOINCREMENT)
+inside the write transaction, so ``seq`` order is commit order here: no event
+can appear below an acknowledged one, and the mark moves right up to the end
+of the acknowledged prefix.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -32,6 +38,7 @@ from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
+    NEW_SINK_BACKFILL,
     End,
     EventQuery,
     Finished,
@@ -47,7 +54,7 @@ from cronwarden.stores.base import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE leases (
@@ -99,7 +106,21 @@ MIGRATIONS: dict[int, str] = {
         updated_at  REAL NOT NULL
     );
     """,
+    2: """
+    CREATE TABLE outbox_marks (
+        sink          TEXT PRIMARY KEY,
+        mark          INTEGER NOT NULL,
+        registered_at REAL NOT NULL
+    );
+    CREATE TABLE outbox_acks (
+        sink TEXT NOT NULL,
+        seq  INTEGER NOT NULL,
+        PRIMARY KEY (sink, seq)
+    ) WITHOUT ROWID;
+    """,
 }
+ACK_CHUNK = 500
+"""Event ids per ``IN (…)`` when acknowledging (SQLite limits bound parameters)."""
 
 NETWORK_FILESYSTEMS = frozenset(
     {
@@ -529,12 +550,7 @@ class SqliteStore(Store):
         sql += f" ORDER BY at {'DESC' if query.newest_first else 'ASC'}, seq LIMIT ?"
         args.append(query.limit)
         rows = self._read(lambda db: db.execute(sql, args).fetchall())
-        return [
-            Event(
-                seq=seq, event_id=eid, kind=EventKind(kind), job=job, run_id=rid, at=at, data=json.loads(data)
-            )
-            for seq, eid, kind, job, rid, at, data in rows
-        ]
+        return [_event(row) for row in rows]
 
     def lease(self, key: str) -> LeaseInfo | None:
         now, boot = self._now()
@@ -594,9 +610,82 @@ class SqliteStore(Store):
             for r in rows
         ]
 
+    # -- the outbox -------------------------------------------------------
+
+    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
+        if limit < 1:
+            return []
+        if self._read(lambda db: _mark(db, sink)) is None:
+            with self._tx() as db:
+                if _mark(db, sink) is None:
+                    self._register(db, sink, backfill)
+        # One statement, so the mark and the events are read in one snapshot.
+        rows = self._read(
+            lambda db: db.execute(
+                "SELECT e.seq, e.event_id, e.kind, e.job, e.run_id, e.at, e.data "
+                "FROM outbox_marks m JOIN events e ON e.seq > m.mark WHERE m.sink = ? AND NOT EXISTS "
+                "(SELECT 1 FROM outbox_acks a WHERE a.sink = m.sink AND a.seq = e.seq) "
+                "ORDER BY e.seq LIMIT ?",
+                (sink, limit),
+            ).fetchall()
+        )
+        return [_event(row) for row in rows]
+
+    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(event_ids))
+        if not ids:
+            return
+        with self._tx() as db:
+            mark = _mark(db, sink)
+            if mark is None:
+                mark = self._register(db, sink, NEW_SINK_BACKFILL)
+            for i in range(0, len(ids), ACK_CHUNK):
+                chunk = ids[i : i + ACK_CHUNK]
+                db.execute(
+                    "INSERT OR IGNORE INTO outbox_acks (sink, seq) SELECT ?, seq FROM events "
+                    f"WHERE event_id IN ({','.join('?' * len(chunk))}) AND seq > ?",
+                    (sink, *chunk, mark),
+                )
+            gap = db.execute(
+                "SELECT seq FROM events e WHERE seq > ? AND NOT EXISTS "
+                "(SELECT 1 FROM outbox_acks a WHERE a.sink = ? AND a.seq = e.seq) ORDER BY seq LIMIT 1",
+                (mark, sink),
+            ).fetchone()
+            if gap is not None:
+                new_mark = gap[0] - 1
+            else:
+                new_mark = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+            if new_mark > mark:
+                db.execute("UPDATE outbox_marks SET mark = ? WHERE sink = ?", (new_mark, sink))
+                db.execute("DELETE FROM outbox_acks WHERE sink = ? AND seq <= ?", (sink, new_mark))
+
+    def _register(self, db: sqlite3.Connection, sink: str, backfill: float) -> int:
+        """A new sink's mark: just before the first event within ``backfill``.
+        One scan of the ledger, once per sink name."""
+        now = self._clock.wall()
+        first = db.execute("SELECT min(seq) FROM events WHERE at >= ?", (now - backfill,)).fetchone()[0]
+        if first is not None:
+            mark = int(first) - 1
+        else:
+            mark = int(db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
+        db.execute("INSERT INTO outbox_marks (sink, mark, registered_at) VALUES (?, ?, ?)", (sink, mark, now))
+        return mark
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _mark(db: sqlite3.Connection, sink: str) -> int | None:
+    row = db.execute("SELECT mark FROM outbox_marks WHERE sink = ?", (sink,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _event(row: Any) -> Event:
+    seq, eid, kind, job, rid, at, data = row
+    return Event(
+        seq=seq, event_id=eid, kind=EventKind(kind), job=job, run_id=rid, at=at, data=json.loads(data)
+    )
 
 
 def _lease(start: Start, token: int) -> Lease:
