@@ -58,7 +58,7 @@ JOB_KEYS = (
 DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone")
 """What ``[defaults]`` may set. Not ``policy``: a policy is chosen per job,
 with its own reason, or it is the default (skip)."""
-TOP_KEYS = ("store", "defaults", "jobs")
+TOP_KEYS = ("store", "defaults", "jobs", "sinks")
 
 ENV_KEYS: Mapping[str, str] = {
     "ttl": "CRONWARDEN_TTL",
@@ -154,6 +154,10 @@ class Config:
     problems: tuple[Problem, ...] = ()
     """Every problem found; ``load`` raises unless they are in other jobs' tables."""
     job_problems: Mapping[str, tuple[Problem, ...]] = field(default_factory=dict)
+    sinks: Mapping[str, Any] = field(default_factory=dict)
+    """The file's raw ``[sinks]`` table (``cronwarden.sinks.load_sinks`` reads it);
+    its problems are in ``problems`` and in ``sink_problems``."""
+    sink_problems: tuple[Problem, ...] = ()
 
     def job(self, name: str) -> JobSettings | None:
         for j in self.jobs:
@@ -190,7 +194,10 @@ def load(path: str | None, *, job: str | None = None, environ: Mapping[str, str]
     config = read(path, environ=environ)
     problems = list(config.problems)
     if job is not None:
+        # A run tolerates other jobs' problems, and sink problems too: the run
+        # must not fail over delivery; the flush after it reports them.
         others = {p for name, ps in config.job_problems.items() if name != job for p in ps}
+        others.update(config.sink_problems)
         problems = [p for p in problems if p not in others]
     if problems:
         raise ConfigError(problems)

@@ -40,8 +40,6 @@ they are a leftover or a misunderstanding, and reported."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
-
 
 def read_file(
     path: str,
@@ -153,6 +151,18 @@ class _Reader:
             if job is not None:
                 jobs.append(job)
 
+        sinks: dict[str, Any] = {}
+        sink_problems: list[Problem] = []
+        if "sinks" in data:
+            from cronwarden.sinks import sink_problems as find_sink_problems
+
+            before = len(self.problems)
+            for sp in find_sink_problems(data, env):
+                self.problem(sp.key, sp.message)
+            sink_problems = self.problems[before:]
+            if isinstance(data["sinks"], dict):
+                sinks = data["sinks"]
+
         self.problems.sort(key=lambda p: (p.where != self.path, p.line or 0))
         return Config(
             path=self.path or None,
@@ -163,6 +173,8 @@ class _Reader:
             default_sources=default_sources,
             problems=tuple(self.problems),
             job_problems={k: tuple(v) for k, v in self.job_problems.items()},
+            sinks=sinks,
+            sink_problems=tuple(sink_problems),
         )
 
     def unknown_keys(self, table: Mapping[str, Any], valid: Sequence[str], at: tuple[str, ...], where: str,

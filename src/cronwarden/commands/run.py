@@ -269,6 +269,12 @@ def main(args: Any) -> int:
                 return EXIT_LEASE_LOST
         return code
     finally:
+        if config.sinks:
+            # Deliver this run's events within [sinks] flush_timeout; never
+            # raises, never changes the exit status. Imported only here.
+            from cronwarden.outbox import flush_after_run
+
+            flush_after_run(warden.store, {"sinks": config.sinks})
         warden.close()
 
 
