@@ -183,6 +183,48 @@ def test_acknowledged_stuck_run_is_not_raised_again(store: Store, mclock: FakeCl
     assert states(store, EventKind.STUCK) == [RAISED, RESOLVED]
 
 
+def test_abandoned_run_stays_stuck_after_leaving_the_window_until_acknowledged(
+    store: Store, mclock: FakeClock, lapse
+) -> None:
+    monitor = Monitor(store, clock=mclock, thresholds=Thresholds(runs=3))
+    t = mclock.wall() - 6 * PERIOD
+    describe(store, JOB, at=t - 60)
+    dead = lease_of(begin(store, JOB, t, ttl=lapse.ttl))
+    lapse.expire(store, dead)
+    run(store, JOB, t + PERIOD, 20)
+    monitor.evaluate()
+    for n in range(2, 6):
+        run(store, JOB, t + n * PERIOD, 20)
+    mclock.advance(t + 6 * PERIOD + 60 - mclock.wall())
+
+    result = monitor.evaluate()
+
+    assert [c.run_id for c in result.active if c.rule is EventKind.STUCK] == [dead.run_id]
+    assert [e for e in result.resolved if e.kind is EventKind.STUCK] == []
+    monitor.acknowledge(JOB, EventKind.STUCK, dead.run_id)
+    mclock.advance(1)
+    assert [c for c in monitor.evaluate().active if c.rule is EventKind.STUCK] == []
+
+
+def test_cli_ack_resolves_a_raised_stuck_finding(store: Store, store_url: str, lapse, capsys) -> None:
+    describe(store, JOB, at=0.0)
+    dead = lease_of(begin(store, JOB, 0.0, ttl=lapse.ttl))
+    lapse.expire(store, dead)
+    assert cli.main(["check", "--store", store_url]) == 2
+
+    code = cli.main(["ack", "--job", JOB, "--run-id", dead.run_id, "--by", "on-call", "--store", store_url])
+
+    assert code == 0
+    assert states(store, EventKind.STUCK) == [RAISED, RESOLVED]
+    assert findings(store, EventKind.STUCK)[-1].data["by"] == "on-call"
+
+
+def test_cli_ack_of_a_finding_that_is_not_raised_exits_2(store_url: str, capsys) -> None:
+    assert cli.main(["ack", "--job", JOB, "--run-id", "r1", "--store", store_url]) == 2
+
+    assert capsys.readouterr().err == f"cronwarden: ack: no raised stuck finding for {JOB} run r1\n"
+
+
 def test_grace_as_wide_as_the_period_raises_grace_too_wide(store: Store, mclock: FakeClock) -> None:
     describe(store, JOB, at=mclock.wall(), grace=PERIOD)
     describe(store, "tight", at=mclock.wall(), grace=PERIOD / 5)
@@ -345,3 +387,17 @@ def test_monitor_pass_delivers_its_findings_to_the_configured_sinks(
 
     delivered = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(e["kind"], e["job"]) for e in delivered] == [("grace_too_wide", JOB)]
+
+
+def test_cli_monitor_once_prints_each_raised_finding_and_records_it(
+    store: Store, store_url: str, mclock: FakeClock, capsys
+) -> None:
+    describe(store, JOB, at=mclock.wall(), grace=PERIOD)
+
+    assert cli.main(["monitor", "--once", "--store", store_url]) == 0
+    assert cli.main(["monitor", "--once", "--store", store_url]) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    assert f" raised {JOB} grace_too_wide: grace 10m ≥ period 10m" in lines[0]
+    assert states(store, EventKind.GRACE_TOO_WIDE) == [RAISED]

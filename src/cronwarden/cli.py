@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "flush": ("cronwarden.commands.flush", "deliver the events the sinks have not acknowledged yet, now"),
     "metrics": ("cronwarden.commands.monitor", "Prometheus text exposition of the ledger's job statistics"),
     "report": ("cronwarden.commands.monitor", "report start/success/fail of a job cronwarden cannot wrap"),
+    "ack": ("cronwarden.commands.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""

@@ -178,29 +178,24 @@ class Overlap:
 
 
 def find_overlaps(runs: Iterable[RunRecord]) -> list[Overlap]:
-    """Every start that arrived while an earlier run of its partition was open."""
+    """Every start that arrived while an earlier run of its partition was
+    open. One sweep in start order per partition: the runs still open at each
+    start are the few whose end is later, so this is linear in practice."""
     by_part: dict[str, list[RunRecord]] = {}
     for r in runs:
         by_part.setdefault(partition(r), []).append(r)
     found: list[Overlap] = []
     for part in by_part.values():
         part.sort(key=lambda r: (r.started_at, r.run_id))
-        for i, later in enumerate(part):
-            earlier = [
-                r
-                for r in part[:i]
-                if r.run_id != later.run_id and (r.ended_at is None or r.ended_at > later.started_at)
-            ]
-            if earlier:
-                live = later.outcome is None and any(r.outcome is None for r in earlier)
-                found.append(
-                    Overlap(
-                        run_id=later.run_id,
-                        earlier=tuple(r.run_id for r in earlier),
-                        at=later.started_at,
-                        live=live,
-                    )
-                )
+        still_open: list[RunRecord] = []
+        for later in part:
+            at = later.started_at
+            still_open = [r for r in still_open if r.ended_at is None or r.ended_at > at]
+            if still_open:
+                live = later.outcome is None and any(r.outcome is None for r in still_open)
+                earlier = tuple(r.run_id for r in still_open)
+                found.append(Overlap(run_id=later.run_id, earlier=earlier, at=at, live=live))
+            still_open.append(later)
     return found
 
 
@@ -475,8 +470,10 @@ class GraceTooWideRule(Rule):
 class StuckRule(Rule):
     """Per run id: open past ``max_runtime``, or its lease expired (or is
     gone) with no terminal record from the run itself (``abandoned``). Later
-    successes never resolve it; it resolves when the run ends, or for an
-    abandoned run when it leaves the D-day window."""
+    successes never resolve it: an open run's finding resolves when the run
+    ends; an abandoned run's stays raised, even after it leaves the window,
+    until someone acknowledges it (``Monitor.acknowledge``, ``cronwarden
+    ack``)."""
 
     kind = EventKind.STUCK
 
@@ -625,8 +622,9 @@ class Monitor:
         since = now - t.days * 86400
         recent = [r for r in self.store.runs(job, t.runs) if r.started_at >= since]
         window_start = recent[-1].started_at if len(recent) >= t.runs else since
+        # Bounded by the window, not by D days: the read must not grow with the runs per job.
         events = self.store.events(
-            EventQuery(job=job, kinds=WINDOW_EVENT_KINDS, since=since, limit=t.event_limit)
+            EventQuery(job=job, kinds=WINDOW_EVENT_KINDS, since=window_start, limit=t.event_limit)
         )
         return self._stats(job, info, now, window_start, recent, list(opened), events)
 
@@ -692,7 +690,7 @@ class Monitor:
             if r.outcome is Outcome.ABANDONED and r.run_id not in stuck_ids:
                 stuck.append(Stuck(run=r, why=r.detail or "its lease expired with no terminal record"))
                 stuck_ids.add(r.run_id)
-        for e in events:  # abandoned runs older than the last N runs but within D days
+        for e in events:  # a run that started before the window and was abandoned inside it
             if e.kind is EventKind.ABANDONED and e.run_id and e.run_id not in stuck_ids:
                 found = self.store.run(e.run_id)
                 if found is not None:
@@ -762,10 +760,15 @@ class Monitor:
             stats = self._read(name, info, now, by_job.get(name, []))
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
-            active.extend(conditions)
             if record:
                 abandoned.extend(self._abandon_expired(stats, now))
             states = self.states(name)
+            # An ended run's finding that was resolved (acknowledged) stays resolved.
+            conditions = [
+                c for c in conditions
+                if not (c.once and c.key in states and states[c.key].data.get("state", RAISED) != RAISED)
+            ]  # fmt: skip
+            active.extend(conditions)
             holding = {c.key for c in conditions}
             for c in conditions:
                 last = states.get(c.key)
@@ -781,23 +784,27 @@ class Monitor:
                 if not o.live and (EventKind.OVERLAP, o.run_id) not in states:
                     # Both runs ended before any pass saw them: record the fact, raised and resolved.
                     c = OverlapRule.condition(name, o)
-                    data = {
+                    fact = {
                         "state": RAISED,
                         "severity": c.severity.name.lower(),
                         "summary": c.summary,
                         **c.data,
                     }
-                    raised.append(Event(kind=c.rule, job=name, run_id=c.run_id, at=now, data=data))
+                    raised.append(Event(kind=c.rule, job=name, run_id=c.run_id, at=now, data=fact))
                     states[c.key] = raised[-1]
             for key, last in states.items():
                 if key in holding or last.data.get("state", RAISED) != RAISED:
                     continue
                 rule, run_id = key
-                event = Event(
-                    kind=rule, job=name, run_id=run_id, at=now,
-                    data={"state": RESOLVED, "raised_at": last.at, "summary": _resolution(rule, run_id)},
-                )  # fmt: skip
-                resolved.append(event)
+                if rule is EventKind.STUCK and run_id is not None and self._still_abandoned(run_id):
+                    # Out of the window, but nobody has looked at it: later successes do not
+                    # hide a run that died mid-work. ``acknowledge`` resolves it.
+                    active.append(_kept(last))
+                    continue
+                gone: dict[str, Any] = {"state": RESOLVED, "raised_at": last.at,
+                                        "summary": _resolution(rule, run_id)}  # fmt: skip
+                gone.update({k: last.data[k] for k in ("holder_run_id", "run_ids") if k in last.data})
+                resolved.append(Event(kind=rule, job=name, run_id=run_id, at=now, data=gone))
         if record:
             for event in (*raised, *resolved):
                 self.store.record(event)
@@ -805,6 +812,10 @@ class Monitor:
             at=now, stats=tuple(all_stats), active=tuple(active), raised=tuple(raised),
             resolved=tuple(resolved), abandoned=tuple(abandoned),
         )  # fmt: skip
+
+    def _still_abandoned(self, run_id: str) -> bool:
+        run = self.store.run(run_id)
+        return run is not None and run.outcome is Outcome.ABANDONED
 
     def _abandon_expired(self, stats: JobStats, now: float) -> list[str]:
         """Give open runs whose lease expired their terminal record, as the
@@ -834,13 +845,21 @@ class Monitor:
         return event
 
 
+def _kept(last: Event) -> Condition:
+    """A raised finding whose condition is out of sight but still stands."""
+    return Condition(
+        rule=last.kind, job=last.job, run_id=last.run_id, severity=Severity.CRITICAL,
+        summary=str(last.data.get("summary", "")) + " (not acknowledged)", data=dict(last.data),
+    )  # fmt: skip
+
+
 def _resolution(rule: EventKind, run_id: str | None) -> str:
     return {
         EventKind.SLOW: "p95 is back under the threshold",
         EventKind.SKIPS_IN_A_ROW: "a run started",
         EventKind.MISSED: "a start arrived",
         EventKind.GRACE_TOO_WIDE: "grace is now under the period",
-        EventKind.STUCK: f"run {run_id} ended or left the window",
+        EventKind.STUCK: f"run {run_id} ended",
         EventKind.OVERLAP: f"run {run_id} no longer overlaps an earlier run",
         EventKind.POLICY_UNDECIDED: "the policy has a reason, or the period is over twice the p95",
     }.get(rule, "no longer holds")

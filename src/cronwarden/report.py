@@ -106,7 +106,10 @@ class Reporter:
                 raise UsageError(f"run id {run_id} belongs to job {existing.job!r}, not {job!r}")
             return Reported(run_id=run_id, already_started=True)
         now = self.clock.wall()
-        default_ttl, slot = self._ttl(self._job(job), now)
+        info = self._job(job)
+        if info is None:  # so the monitor lists the job even between its runs
+            self.store.save_job(JobInfo(name=job, updated_at=now))
+        default_ttl, slot = self._ttl(info, now)
         result = self.store.acquire(
             Start(
                 job=job, key=f"{job}+{run_id}", run_id=run_id, host=self.host,

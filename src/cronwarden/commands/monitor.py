@@ -536,3 +536,50 @@ def _describe(args: Any, store: Store, clock: Clock, out: TextIO) -> int:
           f"{_dur(info.max_runtime)}, policy {info.policy}, reason {info.reason or '(none)'}",
           file=out)  # fmt: skip
     return 0
+
+
+# -- ack ----------------------------------------------------------------------
+
+
+def configure_ack(p: argparse.ArgumentParser) -> None:
+    from cronwarden.cli import add_store_flag
+
+    p.description = (
+        "Resolve a raised finding by hand: mostly a stuck run that was abandoned (its host died "
+        "mid-work), which stays raised, however many runs succeed after it, until someone has looked. "
+        "A finding whose condition still holds for a job (slow, missed, ...) is raised again at the "
+        "next pass."
+    )
+    p.add_argument("--job", required=True, help="job name")
+    p.add_argument("--run-id", metavar="ID", help="the run the finding is about (stuck, overlap)")
+    p.add_argument("--rule", default="stuck", help="the finding's rule (default stuck)")
+    p.add_argument("--by", default="", help="who looked (recorded with the acknowledgment)")
+    add_store_flag(p)
+
+
+def main_ack(args: Any, *, clock: Clock = SYSTEM_CLOCK, out: TextIO | None = None) -> int:
+    from cronwarden.guard import check_name
+    from cronwarden.monitor import FINDING_KINDS, PER_RUN, Monitor
+
+    out = out or sys.stdout
+    check_name(args.job, "job name")
+    rules = {k.value: k for k in FINDING_KINDS}
+    rule = rules.get(args.rule)
+    if rule is None:
+        raise UsageError(f"--rule must be one of {', '.join(rules)}, got {args.rule!r}")
+    if rule in PER_RUN and not args.run_id:
+        raise UsageError(f"ack: a {rule.value} finding is about one run; give --run-id")
+    store = _store(args, clock)
+    try:
+        monitor = Monitor(store, clock=clock)
+        state = monitor.states(args.job).get((rule, args.run_id if rule in PER_RUN else None))
+        if state is None or state.data.get("state", "raised") != "raised":
+            what = f"{rule.value} finding for {args.job}" + (f" run {args.run_id}" if args.run_id else "")
+            raise UsageError(f"ack: no raised {what}")
+        monitor.acknowledge(args.job, rule, args.run_id, by=args.by)
+    finally:
+        store.close()
+    print(
+        f"acknowledged {rule.value} of {args.job}" + (f" run {args.run_id}" if args.run_id else ""), file=out
+    )
+    return 0
