@@ -9,28 +9,22 @@ deadlines themselves.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
-import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from cronwarden.errors import LeaseLost, LeaseRevoked, UsageError
 from cronwarden.guard import Run
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # The parent may have died between fork and prctl; then we are orphaned.
-    if os.getppid() == 1:
-        os._exit(137)
+PR_SET_CHILD_SUBREAPER = 36
+PARENT_DIED = signal.SIGUSR1
+"""What the kernel sends the keeper when the supervisor dies."""
 
 
 class CommandNotFound(UsageError):
@@ -41,21 +35,157 @@ class CommandNotExecutable(UsageError):
     exit_code = 126
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """Start ``argv`` (never through a shell) in a new process group that dies
-    with us."""
+def _prctl() -> Callable[..., int]:
+    import ctypes
+
+    prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    return prctl
+
+
+def _keep(
+    argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, prctl: Callable[..., int]
+) -> int:
+    """The keeper: a fork of the supervisor (no exec) that starts the command
+    in a new process group and answers for the whole group.
+
+    ``PR_SET_PDEATHSIG`` reaches only the direct child of a process that
+    dies, so a command that is a shell script would leave its own children
+    running under a lease about to expire. The keeper is that direct child:
+    when the supervisor dies it SIGKILLs the command's group (G5). It is also
+    the group's subreaper, so every process of the command is reaped here
+    rather than left a zombie, and when the command exits it stops what the
+    command left behind in its group: the run ends with its command.
+    """
+    _close_fds(keep=report)
+    group = 0
+    stop = False
+
+    def supervisor_died(_signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+        if group:
+            _killpg(group, signal.SIGKILL)
+
+    signal.signal(PARENT_DIED, supervisor_died)
+    for s in FORWARDED:  # the supervisor signals the command's group itself
+        signal.signal(s, signal.SIG_IGN)
+    prctl(PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.getppid() != parent:  # the supervisor died before prctl took effect
+        return 137
+    command = os.fork()
+    if command == 0:
+        try:
+            os.setpgid(0, 0)
+            # Python ignores SIGPIPE and SIGXFSZ, and the keeper the forwarded
+            # signals; the command expects defaults.
+            for s in (signal.SIGPIPE, signal.SIGXFSZ, PARENT_DIED, *FORWARDED):
+                signal.signal(s, signal.SIG_DFL)
+            os.execvpe(argv[0], list(argv), dict(env))
+        except OSError as e:
+            os.write(report, f"E{e.errno}\n".encode())
+        os._exit(127)
     try:
-        return subprocess.Popen(
-            list(argv),
-            env=dict(env),
-            process_group=0,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            close_fds=True,
-        )
-    except FileNotFoundError:
-        raise CommandNotFound(f"command not found: {argv[0]!r}") from None
-    except PermissionError:
-        raise CommandNotExecutable(f"command not executable: {argv[0]!r}") from None
+        os.setpgid(command, command)
+    except OSError:
+        pass  # the command already did it, or already exited
+    group = command
+    os.write(report, f"P{command}\n".encode())
+    os.close(report)
+    if stop:
+        _killpg(group, signal.SIGKILL)
+    status = 0
+    while True:
+        try:
+            pid, raw = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return status
+        if pid == command:
+            status = exit_status(os.waitstatus_to_exitcode(raw))
+            break
+    # What the command left in its group is stopped and reaped; a process
+    # that left the group (setsid) is not waited for beyond a moment.
+    _killpg(group, signal.SIGKILL)
+    give_up = time.monotonic() + 0.5
+    while time.monotonic() < give_up:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.005)
+    return status
+
+
+def _close_fds(keep: int) -> None:
+    """Close every descriptor above stderr but ``keep`` (like Popen's
+    close_fds): the store's sockets and files are the supervisor's."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class Child:
+    """The command's keeper (waited on through a pidfd) and the command's
+    process group (signalled)."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        """Start ``argv`` (never through a shell) under a keeper that dies
+        with us and takes the command's group with it."""
+        prctl = _prctl()  # load libc before forking, not in the child
+        report_r, report_w = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 127
+            try:
+                code = _keep(argv, env, parent, report_w, prctl)
+            finally:
+                os._exit(code)
+        os.close(report_w)
+        self.pid = pid
+        self.returncode: int | None = None
+        self.pidfd = os.pidfd_open(pid)
+        with os.fdopen(report_r, "rb") as f:
+            # EOF once the command exec'd (the pipe is close-on-exec) or failed.
+            lines = f.read().decode().split()
+        group = [int(x[1:]) for x in lines if x.startswith("P")]
+        failure = [int(x[1:]) for x in lines if x.startswith("E")]
+        self.group = group[0] if group else 0
+        if failure or not group:
+            self.wait()
+            code = failure[0] if failure else 0
+            if code == errno.ENOENT:
+                raise CommandNotFound(f"command not found: {argv[0]!r}")
+            if code in (errno.EACCES, errno.EPERM, errno.ENOEXEC):
+                raise CommandNotExecutable(f"command not executable: {argv[0]!r}")
+            raise UsageError(f"cannot run {argv[0]!r}: {os.strerror(code) if code else 'keeper failed'}")
+
+    def signal(self, signum: int) -> None:
+        """Signal the command and everything it started."""
+        if self.returncode is None and self.group:
+            _killpg(self.group, signum)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                os.close(self.pidfd)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The keeper's exit status (the command's), or None if still running
+        after ``timeout``."""
+        while self.poll() is None:
+            ready, _, _ = select.select([self.pidfd], [], [], timeout)
+            if not ready and timeout is not None:
+                return None
+        return self.returncode
 
 
 def exit_status(returncode: int) -> int:
@@ -73,7 +203,7 @@ class Supervisor:
         self.env = env
         self.kill_grace = kill_grace
         self.replace_grace = replace_grace
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.signalled: int | None = None
         """The signal forwarded to the child (SIGTERM, SIGINT, SIGHUP), if any:
@@ -87,11 +217,8 @@ class Supervisor:
 
     def _forward(self, signum: int, _frame: object) -> None:
         self.signalled = signum
-        if self.child is not None and self.child.returncode is None:
-            try:
-                os.killpg(self.child.pid, signum)
-            except ProcessLookupError:
-                pass
+        if self.child is not None:
+            self.child.signal(signum)
 
     def execute(self) -> int:
         """Run the child to its end; return its exit status. Sets
@@ -100,7 +227,9 @@ class Supervisor:
         hb = self.run.heartbeat
         hb.on_lost = lambda _why: self._on_lost()
         try:
-            self.child = spawn(self.argv, self.env)
+            self.child = Child(self.argv, self.env)
+            if self.signalled is not None:  # arrived while the command was starting
+                self.child.signal(self.signalled)
             if hb.lost is not None:
                 self._on_lost()
             code = self._wait()
@@ -117,27 +246,23 @@ class Supervisor:
         assert child is not None
         clock = self.run.heartbeat.clock
         hb = self.run.heartbeat
-        pidfd = os.pidfd_open(child.pid)
         poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
+        poller.register(child.pidfd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        try:
-            while child.poll() is None:
-                now = clock.monotonic()
-                why = self.run.lost_reason()
-                # Stop early enough that SIGKILL lands before the belief ends.
-                if why is None and now >= hb.deadline - self.kill_grace:
-                    why = LeaseLost(self.run.lease.key, hb.last_error or "renewal overdue")
-                if why is not None:
-                    return self._stop(why)
-                wake_at = hb.deadline - self.kill_grace
-                if hb.stop_at is not None:
-                    wake_at = min(wake_at, hb.stop_at)
-                timeout = max(0.0, min(wake_at - now, hb.interval))
-                poller.poll(timeout * 1000)
-            return exit_status(child.returncode)
-        finally:
-            os.close(pidfd)
+        while child.poll() is None:
+            now = clock.monotonic()
+            why = self.run.lost_reason()
+            # Stop early enough that SIGKILL lands before the belief ends.
+            if why is None and now >= hb.deadline - self.kill_grace:
+                why = LeaseLost(self.run.lease.key, hb.last_error or "renewal overdue")
+            if why is not None:
+                return self._stop(why)
+            wake_at = hb.deadline - self.kill_grace
+            if hb.stop_at is not None:
+                wake_at = min(wake_at, hb.stop_at)
+            timeout = max(0.0, min(wake_at - now, hb.interval))
+            poller.poll(timeout * 1000)
+        return exit_status(child.poll() or 0)
 
     def _stop(self, why: LeaseLost) -> int:
         """SIGTERM to the group, SIGKILL after the grace, reap."""
@@ -152,14 +277,12 @@ class Supervisor:
         # overdue renewal the deadline is near.
         grace = min(grace, max(0.0, hb.deadline - hb.clock.monotonic()))
         print(f"cronwarden: stopping {self.run.job} run {self.run.run_id}: {why}", file=sys.stderr)
-        _killpg(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            _killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        _killpg(child.pid, signal.SIGKILL)  # stragglers left in the group
-        return exit_status(child.returncode)
+        child.signal(signal.SIGTERM)
+        if child.wait(timeout=grace) is None:
+            child.signal(signal.SIGKILL)
+        code = child.wait()
+        assert code is not None
+        return exit_status(code)
 
 
 def _killpg(pgid: int, signum: int) -> None:

@@ -202,3 +202,29 @@ def test_unreachable_store_runs_unguarded_with_opt_in(tmp_path: Path) -> None:
     _, err = p.communicate(timeout=30)
     assert p.returncode == 0 and marker.exists()
     assert "UNGUARDED" in err
+
+
+def test_kill_9_of_the_supervisor_also_kills_the_commands_own_children(
+    store_url: str, tmp_path: Path
+) -> None:
+    # A shell script's children are not the supervisor's children: PDEATHSIG
+    # alone would leave them running under an expiring lease.
+    pidfile = tmp_path / "pid"
+    script = f"sleep 30 & echo $! > {pidfile}; wait"
+    p = cli("run", "--job", "tree", "--store", store_url, "--", "sh", "-c", script)
+    grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="grandchild"))
+    p.kill()
+    p.wait()
+    wait_for(
+        lambda: not alive(grandchild), timeout=1.0, what="the command's child to die with the supervisor"
+    )
+
+
+def test_processes_the_command_left_behind_are_stopped_when_it_ends(store_url: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    script = f"sleep 30 & echo $! > {pidfile}"
+    p = cli("run", "--job", "straggler", "--store", store_url, "--", "sh", "-c", script)
+    p.communicate(timeout=30)
+    assert p.returncode == 0
+    straggler = int(pidfile.read_text())
+    wait_for(lambda: not alive(straggler), timeout=1.0, what="the backgrounded child to be stopped")
