@@ -165,3 +165,16 @@ def test_bad_threshold_is_one_line_and_exit_2(store_url: str, capsys) -> None:
     assert capsys.readouterr().err == (
         "cronwarden: --slow must be a fraction like 2/3, 0.67 or 67%, got 'most'\n"
     )
+
+
+def test_reason_written_in_the_config_file_decides_the_policy(
+    store: Store, store_url: str, capsys, tmp_path
+) -> None:
+    ledger(store, "undecided")
+    config = tmp_path / "cronwarden.toml"
+    config.write_text(f'[jobs.undecided]\nevery = "10m"\npolicy = "skip"\nreason = "{REASON}"\n')
+
+    code, rows, _ = audit_json(store_url, capsys, "--strict", "--config", str(config))
+
+    assert code == 0
+    assert (rows[0]["verdict"], rows[0]["reason"], rows[0]["undecided"]) == ("watch", REASON, False)

@@ -27,6 +27,7 @@ longer overlap.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -605,6 +606,9 @@ class Monitor:
         """Jobs the store describes, plus ``extra_jobs``, plus jobs with open runs."""
         jobs: dict[str, JobInfo | None] = {j.name: j for j in self.store.jobs()}
         for j in self.extra_jobs:
+            known = jobs.get(j.name)
+            if known is not None and not j.updated_at:  # keep when the store first heard of it
+                j = dataclasses.replace(j, updated_at=known.updated_at)
             jobs[j.name] = j
         for r in open_runs:
             jobs.setdefault(r.job, None)
