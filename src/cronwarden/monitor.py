@@ -6,7 +6,8 @@ evaluation reads:
 
 - ``runs(job, limit=N)``: the last N runs (newest first);
 - ``events(EventQuery(job, kinds=[skipped, queued, queue_full, overlap,
-  abandoned], since=now - D))``: refusals and overlaps of the last D days;
+  abandoned], since=<start of the window>, limit=1000))``: refusals and
+  overlaps in the window (the last N runs, within D days);
 - and, for ``check``/``monitor`` only, the job's latest finding events, from
   which the current state of every finding is derived.
 
