@@ -8,6 +8,10 @@ import re
 from cronwarden.errors import UsageError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_DURATION = 100 * 365 * 86400.0
+"""A hundred years. Longer durations are mistakes, and break things: a ttl
+whose renew interval exceeds ``threading.TIMEOUT_MAX`` (292 years) killed
+the heartbeat thread, and the stores cannot represent such expiries."""
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
 
@@ -18,7 +22,10 @@ def parse_duration(text: str, *, what: str = "duration") -> float:
     value = text.strip().lower()
     if not _WHOLE.fullmatch(value):
         raise UsageError(f"{what} must be a duration like 90s, 10m or 1h30m, got {text!r}")
-    return sum(float(n) * _UNITS[u] for n, u in _PART.findall(value))
+    seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(value))
+    if seconds > MAX_DURATION:
+        raise UsageError(f"{what} must be at most 100 years (36500d), got {text!r}")
+    return seconds
 
 
 def parse_positive_duration(text: str, *, what: str) -> float:

@@ -568,7 +568,10 @@ class PostgresStore(Store):
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresStore:
         """``postgresql://user@host:port/db?schema=NAME&statement_timeout=5s&lock_timeout=2s``
         plus any libpq parameter (``connect_timeout``, ``sslmode``, …)."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as e:  # e.g. "Invalid IPv6 URL"
+            raise StoreUrlError(url, str(e)) from None
         if parts.scheme.lower() not in ("postgresql", "postgres"):
             raise StoreUrlError(url, "expected postgresql://user@host:port/dbname")
         try:
