@@ -1,0 +1,300 @@
+"""The faults, with real signals on real processes, and the stores they hit.
+
+Worker faults act on one guarded run: its supervisor (the ``cronwarden run``
+process, leader of its own session) and its child (leader of the process
+group the supervisor made for it).
+
+Store faults act on a server the harness started for itself
+(``tests/pgserver.py``, ``tests/redisserver.py``): the shared servers other
+tests use are never touched. SQLite has no server and no connection to kill;
+its "store pause" is the nearest thing a local file has: another process
+holding the write lock past the ttl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import signal
+import sqlite3
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class Fault(enum.StrEnum):
+    NONE = "none"
+    """No fault: the baseline (contention and skips only)."""
+    KILL_SUPERVISOR = "kill_supervisor"
+    """kill -9 of the ``cronwarden run`` process; its child must die with it (PDEATHSIG)."""
+    KILL_CHILD = "kill_child"
+    """kill -9 of the child's process group; the supervisor records ``failed``."""
+    PAUSE_SHORT = "pause_short"
+    """SIGSTOP of supervisor and child for 0.5×ttl."""
+    PAUSE_LONG = "pause_long"
+    """SIGSTOP of supervisor and child for 2–3×ttl: the lease expires meanwhile."""
+    STALL_SUPERVISOR = "stall_supervisor"
+    """SIGSTOP of the supervisor only for 2–3×ttl: its child keeps working
+    while nobody renews (the case self-fencing cannot cover)."""
+    CONN_KILL = "conn_kill"
+    """``pg_terminate_backend`` of cronwarden's sessions / Redis ``CLIENT KILL TYPE normal``."""
+    STORE_RESTART = "store_restart"
+    """Crash (immediate stop / SIGKILL) of the server, down for 0–1.5×ttl, and
+    start again: restarts both within and past the ttl."""
+    STORE_PAUSE = "store_pause"
+    """SIGSTOP of the server for 1.5×ttl (SQLite: the write lock held by
+    another process for 1.5×ttl)."""
+
+
+PAUSES = (Fault.PAUSE_LONG, Fault.STALL_SUPERVISOR)
+"""Cells where the holder itself is frozen past the ttl: only fencing can
+keep its late writes out, so the positive control must find violations here."""
+KILLS = (Fault.KILL_SUPERVISOR, Fault.KILL_CHILD)
+STORE_FAULTS = (Fault.CONN_KILL, Fault.STORE_RESTART, Fault.STORE_PAUSE)
+
+
+# -- worker faults -----------------------------------------------------------
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# -- stores --------------------------------------------------------------------
+
+
+class Backend:
+    """A store the harness owns: its URL and the faults it supports."""
+
+    name = "?"
+    supports: tuple[Fault, ...] = ()
+
+    def url(self, namespace: str) -> str:
+        raise NotImplementedError
+
+    def watch_url(self, namespace: str) -> str:
+        """A URL for the harness's own observer connection."""
+        return self.url(namespace)
+
+    def conn_kill(self) -> int:
+        raise NotImplementedError
+
+    def restart(self, down: float = 0.0) -> None:
+        """Crash the server, keep it down ``down`` seconds, start it again."""
+        raise NotImplementedError
+
+    def pause(self, seconds: float, namespace: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+WORKER_FAULTS = (
+    Fault.NONE,
+    Fault.KILL_SUPERVISOR,
+    Fault.KILL_CHILD,
+    Fault.PAUSE_SHORT,
+    Fault.PAUSE_LONG,
+    Fault.STALL_SUPERVISOR,
+)
+
+
+class SqliteBackend(Backend):
+    name = "sqlite"
+    supports = (*WORKER_FAULTS, Fault.STORE_PAUSE)
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self._tmp = None if directory is not None else tempfile.TemporaryDirectory(prefix="cw-chaos-")
+        self.directory = Path(directory or self._tmp.name)  # type: ignore[union-attr]
+
+    def url(self, namespace: str) -> str:
+        return f"sqlite:///{self.directory / f'{namespace}.db'}"
+
+    def pause(self, seconds: float, namespace: str) -> None:
+        """Hold the database's write lock for ``seconds``, from another
+        connection, as a long transaction or a backup tool would."""
+        db = sqlite3.connect(self.directory / f"{namespace}.db", timeout=30, isolation_level=None)
+        try:
+            db.execute("BEGIN EXCLUSIVE")
+            time.sleep(seconds)
+            db.execute("ROLLBACK")
+        finally:
+            db.close()
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+class PostgresBackend(Backend):
+    name = "postgres"
+    supports = (*WORKER_FAULTS, Fault.CONN_KILL, Fault.STORE_RESTART, Fault.STORE_PAUSE)
+
+    def __init__(self) -> None:
+        from tests.pgserver import private_postgres
+
+        self._cm = private_postgres()
+        self.server = self._cm.__enter__()
+
+    def url(self, namespace: str) -> str:
+        return self.server.url(schema=namespace.replace("-", "_"))
+
+    def watch_url(self, namespace: str) -> str:
+        return self.server.url(schema=namespace.replace("-", "_"), application_name="cw-chaos-watch")
+
+    def _admin(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.server.url(), autocommit=True, connect_timeout=10)
+
+    def conn_kill(self) -> int:
+        with self._admin() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'cronwarden' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        return len(rows)
+
+    def restart(self, down: float = 0.0) -> None:
+        self.server.stop(mode="immediate")
+        time.sleep(down)
+        self.server.start()
+
+    def _processes(self) -> list[int]:
+        """The postmaster first, then every process it forked."""
+        top = self.server.postmaster_pid()
+        if top is None:
+            return []
+        children = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and parent_of(int(entry)) == top:
+                children.append(int(entry))
+        return [top, *children]
+
+    def pause(self, seconds: float, namespace: str) -> None:
+        # Stop the postmaster first so it forks nothing new, then its children.
+        pids = self._processes()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            for pid in reversed(pids):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+
+
+class RedisBackend(Backend):
+    name = "redis"
+    supports = (*WORKER_FAULTS, Fault.CONN_KILL, Fault.STORE_RESTART, Fault.STORE_PAUSE)
+
+    def __init__(self) -> None:
+        from tests.redisserver import private_redis
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="cw-chaos-redis-")
+        # appendfsync always: a crash loses no acknowledged write, so the
+        # ledger (and the checkers that read it) survive a restart. Without
+        # persistence the fencing tokens still go up (server TIME), but the
+        # ledger would be gone.
+        persist = ("--appendonly", "yes", "--appendfsync", "always")
+        self._cm = private_redis(Path(self._tmp.name), args=persist)
+        self.server = self._cm.__enter__()
+
+    def url(self, namespace: str) -> str:
+        # Keep the whole ledger of a round: the checkers read all of it.
+        return self.server.url(prefix=f"{namespace}:", runs_per_job="1000000", events_per_job="10000000")
+
+    def conn_kill(self) -> int:
+        admin = self.server.admin()
+        try:
+            return int(admin.execute_command("CLIENT", "KILL", "TYPE", "normal"))
+        finally:
+            admin.close()
+
+    def restart(self, down: float = 0.0) -> None:
+        self.server.kill()
+        time.sleep(down)
+        self.server.start()
+
+    def pause(self, seconds: float, namespace: str) -> None:
+        self.server.pause()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.server.resume()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._cm.__exit__(None, None, None)
+        self._tmp.cleanup()
+
+
+def open_backend(name: str) -> Backend:
+    if name == "sqlite":
+        return SqliteBackend()
+    if name == "postgres":
+        return PostgresBackend()
+    if name == "redis":
+        return RedisBackend()
+    raise ValueError(f"unknown store {name!r}; expected sqlite, postgres or redis")
+
+
+@contextlib.contextmanager
+def backend(name: str) -> Iterator[Backend]:
+    b = open_backend(name)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@dataclass
+class Injection:
+    """One fault as it happened, on the harness's clocks."""
+
+    fault: Fault
+    at: float
+    """time.monotonic() when the fault began."""
+    wall: float
+    target_run: str | None = None
+    supervisor: int | None = None
+    child: int | None = None
+    """The process group of the run's command (led by the supervisor's child)."""
+    resumed: float | None = None
+    """monotonic time the frozen processes (or server) were resumed."""
+    took_over: str | None = None
+    """For pauses: the run that acted on the referee while the target was frozen."""
+    note: str = ""
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def background(fn: Any, *args: Any) -> threading.Thread:
+    t = threading.Thread(target=fn, args=args, daemon=True)
+    t.start()
+    return t
