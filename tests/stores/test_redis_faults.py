@@ -1,0 +1,405 @@
+"""The Redis store under faults, against real servers and processes.
+
+Restarts, connection kills and a paused (SIGSTOP) server run on a private
+``redis-server`` per test (``tests/redisserver.py``); the shared server on
+6379 is never disturbed. Retention and URL checks use the shared server with
+a unique key prefix, deleted afterwards.
+
+The safety properties checked: fencing tokens never go backwards, even across
+a restart that lost every key (G2); while the first holder still believes it
+owns the lease, nobody else is granted it (G3 with G4).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cronwarden.clock import SYSTEM_CLOCK
+from cronwarden.errors import LeaseLost, StoreError, StoreUnavailable, StoreUrlError
+from cronwarden.events import Event, EventKind, Outcome
+from cronwarden.lease import Heartbeat, Lease
+from cronwarden.stores import open_store
+from cronwarden.stores.base import End, EventQuery, Granted, Refused, Start, Store
+from redisserver import RedisServer, free_port, private_redis
+
+redis = pytest.importorskip("redis")
+
+pytestmark = pytest.mark.redis
+
+SHARED = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
+TTL = 1.5
+"""Short enough to lose a lease within a test, long enough for a loaded 2-core box."""
+LONG_TTL = 60.0
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float, every: float = 0.01) -> None:
+    """Poll ``check`` until true, failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        pause.wait(every)
+
+
+def start(job: str = "nightly", *, ttl: float = TTL, key: str | None = None) -> Start:
+    return Start(
+        job=job,
+        key=key or job,
+        run_id=str(uuid.uuid4()),
+        host="fault-host",
+        pid=os.getpid(),
+        ttl=ttl,
+        at=time.time(),
+    )
+
+
+def end(outcome: Outcome = Outcome.SUCCEEDED) -> End:
+    return End(outcome=outcome, at=time.time(), exit_code=0)
+
+
+def granted(result: Granted | Refused) -> Granted:
+    assert isinstance(result, Granted), f"expected a grant, got {result}"
+    return result
+
+
+def heartbeat(store: Store, lease: Lease, started_at: float) -> Heartbeat:
+    beat = Heartbeat(lambda: store.renew(lease), ttl=lease.ttl, clock=SYSTEM_CLOCK, started_at=started_at)
+    beat.start(lease.key)
+    return beat
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    with private_redis(tmp_path / "redis") as running:
+        yield running
+
+
+@pytest.fixture
+def shared_url() -> Iterator[str]:
+    """A unique prefix on the shared server; skipped if it is not there."""
+    prefix = f"cw_fault_{uuid.uuid4().hex[:12]}:"
+    client = redis.Redis.from_url(SHARED, socket_timeout=3, socket_connect_timeout=3, decode_responses=True)
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as e:
+        client.close()
+        reason = f"shared Redis at {SHARED} not reachable: {e}"
+        if os.environ.get("CRONWARDEN_REQUIRE_BACKENDS", "") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield f"{SHARED}?prefix={prefix}"
+    finally:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+# -- G2: fencing across restarts ------------------------------------------
+
+
+def test_tokens_after_a_restart_without_persistence_exceed_every_earlier_token(server: RedisServer) -> None:
+    with open_store(server.url()) as store:
+        before = []
+        for _ in range(200):  # a fast counter on one key, slower ones on others
+            lease = granted(store.acquire(start("hot"))).lease
+            before.append(lease.token)
+            store.finish(lease, end())
+        for job in ("a", "b"):
+            for _ in range(3):
+                lease = granted(store.acquire(start(job))).lease
+                before.append(lease.token)
+                store.finish(lease, end())
+        held = granted(store.acquire(start("held", ttl=LONG_TTL))).lease
+        before.append(held.token)
+
+        server.restart()
+
+        # The premise: the server came back empty (no persistence).
+        assert store.lease("hot") is None and store.run(held.run_id) is None
+        # The same store object reconnects and reloads its scripts (NOSCRIPT).
+        after = [granted(store.acquire(start(job, ttl=LONG_TTL))).lease for job in ("hot", "a", "b", "held")]
+        assert min(lease.token for lease in after) > max(before)
+        # Within the new server's lifetime the counter goes on one by one.
+        store.finish(after[0], end())
+        assert granted(store.acquire(start("hot"))).lease.token == after[0].token + 1
+        # The holder from before the restart cannot renew: its lease is gone.
+        with pytest.raises(LeaseLost):
+            store.renew(held)
+
+
+def test_tokens_after_restoring_an_older_snapshot_exceed_every_earlier_token(server: RedisServer) -> None:
+    admin = server.admin()
+    with open_store(server.url()) as store:
+        lease = granted(store.acquire(start())).lease
+        store.finish(lease, end())
+        admin.save()  # the snapshot the server will come back with
+        newer = []
+        for _ in range(20):  # grants the snapshot does not know of
+            lease = granted(store.acquire(start())).lease
+            newer.append(lease.token)
+            store.finish(lease, end())
+
+        server.kill()  # no shutdown save: the restart loads the older snapshot
+        server.start()
+
+        info = store.lease("nightly")
+        assert info is not None and info.token < max(newer), "the snapshot should hold a stale counter"
+        again = granted(store.acquire(start())).lease
+        assert again.token > max(newer)
+        store.finish(again, end())
+    admin.close()
+
+
+# -- G3: a killed connection, a paused server ------------------------------
+
+
+def test_renew_reconnects_after_client_kill_and_nobody_else_holds_meanwhile(server: RedisServer) -> None:
+    admin = server.admin()
+    with open_store(server.url()) as holder_store, open_store(server.url()) as other:
+        sent = time.monotonic()
+        lease = granted(holder_store.acquire(start())).lease
+        beat = heartbeat(holder_store, lease, sent)
+        try:
+            wait_for("a first renewal", lambda: beat.renewals >= 1, timeout=TTL * 3)
+            assert granted(other.acquire(start("warm-up"))) is not None  # other has a pooled connection too
+
+            killed = admin.client_kill_filter(_type="normal", skipme=True)
+            assert killed >= 2, f"expected to kill the holder's and the other's connections, killed {killed}"
+
+            base = beat.renewals
+            refusals = 0
+            deadline = time.monotonic() + TTL * 4
+            # Longer than a ttl: the lease lives only if renewals went through.
+            while beat.renewals < base + 4:
+                assert beat.believed(), f"belief lost after CLIENT KILL: {beat.lost or beat.last_error}"
+                assert isinstance(other.acquire(start()), Refused), "a second holder while the first believed"
+                refusals += 1
+                assert time.monotonic() < deadline, f"renewals stalled at {beat.renewals} after CLIENT KILL"
+                threading.Event().wait(0.05)
+            assert beat.lost is None
+        finally:
+            beat.stop()
+        assert holder_store.finish(lease, end()).owned
+        started = holder_store.events(EventQuery(job="nightly", kinds=[EventKind.STARTED], limit=100))
+        skipped = holder_store.events(EventQuery(job="nightly", kinds=[EventKind.SKIPPED], limit=1000))
+        assert [e.run_id for e in started] == [lease.run_id]
+        assert len(skipped) == refusals
+    admin.close()
+
+
+def test_pause_longer_than_the_ttl_ends_belief_before_the_server_side_expiry(server: RedisServer) -> None:
+    admin = server.admin()
+    key = "nightly"
+    with open_store(server.url()) as store, open_store(server.url()) as other:
+        sent = time.monotonic()
+        lease = granted(store.acquire(start(key))).lease
+        lost_at: list[float] = []
+        beat = heartbeat(store, lease, sent)
+        beat.on_lost = lambda _why: lost_at.append(time.time())
+        try:
+            wait_for("a first renewal", lambda: beat.renewals >= 1, timeout=TTL * 3)
+            server.pause()
+            paused_at = time.monotonic()
+            try:
+                # The renew thread must get control back from a server that
+                # does not answer, and give up the lease by itself.
+                assert beat.lost_event.wait(timeout=TTL * 3), "heartbeat never declared the lease lost"
+                belief_ended = beat.deadline - time.monotonic() + time.time()  # as wall time
+                assert not beat.believed()
+                # Real time passing is the point here: keep the server stopped
+                # until the lease has certainly run out by its own clock.
+                time.sleep(max(0.0, paused_at + TTL + 0.2 - time.monotonic()))
+            finally:
+                server.resume()
+            expiry = int(admin.hget(f"cw_fault:lease:{key}", "exp")) / 1000  # server clock, same host
+        finally:
+            beat.stop()
+
+        assert belief_ended < expiry, "the holder believed past the server-side expiry"
+        # Thread wake-ups on a loaded box are late by milliseconds, never seconds.
+        assert lost_at and lost_at[0] < expiry + 0.25, (lost_at, expiry)
+        taker = granted(other.acquire(start(key, ttl=LONG_TTL)))
+        assert taker.lease.token > lease.token
+        assert taker.abandoned == (lease.run_id,)
+        with pytest.raises(LeaseLost):
+            store.renew(lease)
+        assert store.finish(lease, end(Outcome.LEASE_LOST)).owned is False
+        other.finish(taker.lease, end())
+    admin.close()
+
+
+def test_a_call_to_a_paused_server_fails_as_unavailable_within_the_socket_timeout(
+    server: RedisServer,
+) -> None:
+    with open_store(server.url(socket_timeout="300ms")) as store:
+        granted(store.acquire(start("warm-up")))
+        server.pause()
+        try:
+            began = time.monotonic()
+            with pytest.raises(StoreUnavailable) as caught:
+                store.acquire(start())
+            took = time.monotonic() - began
+        finally:
+            server.resume()
+        assert took < 2.0, f"the call hung for {took:.2f}s"
+        assert f"127.0.0.1:{server.port}" in str(caught.value)
+        # Afterwards the store works again on a fresh connection.
+        assert store.lease("warm-up") is not None
+
+
+# -- errors people read ----------------------------------------------------
+
+
+def test_connection_refused_is_store_unavailable_naming_host_and_port() -> None:
+    port = free_port()  # nothing listens there
+    store = open_store(f"redis://127.0.0.1:{port}/0?connect_timeout=1s")
+    with store, pytest.raises(StoreUnavailable) as caught:
+        store.acquire(start())
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}" in message and "\n" not in message
+
+
+def test_wrong_password_is_a_store_error_not_unavailable(tmp_path: Path) -> None:
+    with private_redis(tmp_path / "auth", args=("--requirepass", "s3cret")) as locked:
+        bad = f"redis://:wrong@127.0.0.1:{locked.port}/0"
+        with open_store(bad) as store:
+            with pytest.raises(StoreError) as caught:
+                store.acquire(start())
+            assert not isinstance(caught.value, StoreUnavailable)
+            assert "wrong" not in store.url  # the password is masked
+        with open_store(f"redis://:s3cret@127.0.0.1:{locked.port}/0") as store:
+            store.finish(granted(store.acquire(start())).lease, end())
+
+
+def test_missing_database_is_a_store_error(server: RedisServer) -> None:
+    store = open_store(f"redis://127.0.0.1:{server.port}/99")
+    with store, pytest.raises(StoreError) as caught:
+        store.jobs()
+    assert not isinstance(caught.value, StoreUnavailable)
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["colour=blue", "runs_per_job=0", "events_per_job=many", "socket_timeout=ten", "socket_timeout=0s"],
+)
+def test_bad_url_parameters_are_refused(query: str) -> None:
+    with pytest.raises(StoreUrlError):
+        open_store(f"redis://127.0.0.1:6379/0?{query}")
+
+
+def test_bad_database_in_url_is_refused() -> None:
+    with pytest.raises(StoreUrlError):
+        open_store("redis://127.0.0.1:6379/zero")
+
+
+# -- retention -------------------------------------------------------------
+
+
+def test_retention_keeps_the_newest_runs_and_events_per_job_and_every_open_run(shared_url: str) -> None:
+    url = f"{shared_url}&runs_per_job=3&events_per_job=5"
+    with open_store(url) as store:
+        still_open = granted(store.acquire(start("nightly", key="nightly:open", ttl=LONG_TTL))).lease
+        finished = []
+        for _ in range(12):
+            lease = granted(store.acquire(start("nightly"))).lease
+            store.finish(lease, end())
+            finished.append(lease.run_id)
+        other = granted(store.acquire(start("weekly"))).lease
+        store.finish(other, end())
+
+        runs = store.runs("nightly", limit=100)
+        assert [r.run_id for r in runs][:2] == finished[::-1][:2]
+        assert still_open.run_id in {r.run_id for r in runs}, "an open run was dropped"
+        assert len(runs) == 3
+        assert [r.run_id for r in store.open_runs()] == [still_open.run_id]
+        events = store.events(EventQuery(job="nightly", limit=1000, newest_first=False))
+        assert len(events) == 5
+        assert [e.run_id for e in events][-2:] == [finished[-1], finished[-1]]
+        # The other job's history is untouched by this job's churn.
+        assert len(store.events(EventQuery(job="weekly", limit=1000))) == 2
+        # Every index agrees with what is left.
+        everything = store.events(EventQuery(limit=1000))
+        assert len(everything) == 7
+        by_kind = store.events(EventQuery(kinds=[EventKind.STARTED, EventKind.SUCCEEDED], limit=1000))
+        assert sorted(e.event_id for e in by_kind) == sorted(e.event_id for e in everything)
+        assert store.events(EventQuery(run_id=finished[0], limit=10)) == []
+        store.finish(still_open, end())
+
+
+def test_a_lost_lease_record_still_gets_a_larger_token(shared_url: str) -> None:
+    # As after an eviction or a partial restore: the lease hash is gone.
+    with open_store(shared_url) as store:
+        first = granted(store.acquire(start())).lease
+        store.finish(first, end())
+        prefix = shared_url.split("prefix=", 1)[1]
+        client = redis.Redis.from_url(SHARED)
+        client.delete(f"{prefix}lease:nightly")
+        client.close()
+        again = granted(store.acquire(start())).lease
+        assert again.token > first.token
+        store.finish(again, end())
+
+
+def test_recorded_events_keep_exact_times_and_text(shared_url: str) -> None:
+    at = 1_796_000_000.123457
+    with open_store(shared_url) as store:
+        event = Event(
+            kind=EventKind.SLOW,
+            job='odd "job"/é',
+            at=at,
+            run_id=None,
+            data={"state": "raised", "note": 'quote " slash / \\ é', "big": 2**53 - 1},
+        )
+        store.record(event)
+        [back] = store.events(EventQuery(job='odd "job"/é', since=at, limit=10))
+        assert (back.event_id, back.kind, back.at, back.run_id, dict(back.data)) == (
+            event.event_id,
+            event.kind,
+            at,
+            None,
+            dict(event.data),
+        )
+        assert store.events(EventQuery(kinds=[EventKind.SLOW], since=at + 1e-6, limit=10)) == []
+
+
+# -- the outbox ------------------------------------------------------------
+
+
+def test_outbox_passes_over_events_trimmed_before_delivery(shared_url: str) -> None:
+    with open_store(f"{shared_url}&events_per_job=3") as store:
+        assert store.undelivered("hook", 100, backfill=0) == []
+        recorded = []
+        for i in range(8):
+            event = Event(kind=EventKind.SUCCEEDED, job="nightly", at=time.time(), data={"i": i})
+            store.record(event)
+            recorded.append(event.event_id)
+
+        batch = store.undelivered("hook", 100)
+
+        # Retention won: only the newest three are left to deliver.
+        assert [e.event_id for e in batch] == recorded[-3:]
+        store.mark_delivered("hook", [e.event_id for e in batch])
+        assert store.undelivered("hook", 100) == []
+
+
+def test_outbox_acknowledges_event_ids_that_need_json_escapes(shared_url: str) -> None:
+    with open_store(shared_url) as store:
+        assert store.undelivered("hook", 100, backfill=0) == []
+        odd = Event(kind=EventKind.SKIPPED, job="nightly", at=time.time(), event_id='id/with"quote\\')
+        plain = Event(kind=EventKind.SKIPPED, job="nightly", at=time.time())
+        store.record(odd)
+        store.record(plain)
+
+        assert [e.event_id for e in store.undelivered("hook", 100)] == [odd.event_id, plain.event_id]
+        store.mark_delivered("hook", [odd.event_id])
+        assert [e.event_id for e in store.undelivered("hook", 100)] == [plain.event_id]
