@@ -11,8 +11,11 @@ script) and, on the network backends, one round trip:
        record, record ``abandoned`` for that run (G6) and name it in
        ``Granted.abandoned``.
     2. If the lease is free or expired: grant it to ``start.run_id`` with a
-       fencing token one larger than any earlier grant of the key (G2; the
-       counter survives release and, on durable stores, restarts), expiry
+       fencing token greater than every earlier grant of the key, and exactly
+       one greater while the store keeps its counter (G2: the counter
+       survives release and, on durable stores, restarts; Redis without
+       persistence jumps to the server's microsecond clock when it finds its
+       counter lost), expiry
        ``now + ttl``, no revocation; write the run row and ``started``.
        Return ``Granted``.
     3. If it is live, act by ``start.policy`` and return ``Refused``:
