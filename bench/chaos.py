@@ -59,7 +59,7 @@ def round_config(fault: Fault, args: argparse.Namespace, *, fenced: bool, seed: 
         fault=fault, fenced=fenced, ttl=args.ttl, slots=args.slots,
         faults=0 if fault is Fault.NONE else n,
         min_cycles=40 if fault is Fault.NONE else 4,
-        gap=(2, 5), long_share=0.35,
+        gap=(2, 5), long_share=0.25,
         long_work=4.0 if fault is Fault.STALL_SUPERVISOR else 1.5,
         timeout=max(120.0, n * args.ttl * 20), seed=seed,
     )  # fmt: skip

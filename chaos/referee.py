@@ -114,8 +114,10 @@ class Server:
         self.conns: dict[socket.socket, _Conn] = {}
         self.running = True
 
-    def serve(self) -> None:
+    def serve(self, parent: int | None = None) -> None:
         while self.running:
+            if parent is not None and os.getppid() != parent:
+                return  # the harness is gone (killed): do not outlive it
             for key, _ in self.sel.select(timeout=1.0):
                 if key.fileobj is self.listener:
                     self._accept()
@@ -225,7 +227,7 @@ class Referee:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         # Its own session: a signal sent to a worker's group can never reach it.
         self.process = subprocess.Popen(
-            [sys.executable, "-S", "-m", "chaos.referee"], cwd=here, stdout=subprocess.PIPE,
+            [sys.executable, "-S", "-m", "chaos.referee", str(os.getpid())], cwd=here, stdout=subprocess.PIPE,
             start_new_session=True,
         )  # fmt: skip
         assert self.process.stdout is not None
@@ -268,7 +270,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the harness's terminal stops the harness only
     server = Server()
     print(server.port, flush=True)
-    server.serve()
+    server.serve(parent=int(sys.argv[1]) if len(sys.argv) > 1 else None)
 
 
 if __name__ == "__main__":
