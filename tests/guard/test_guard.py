@@ -135,6 +135,9 @@ def test_refused_renewal_sets_lost_and_check_raises(store_url: str) -> None:
         assert_one_terminal_per_start(w.store, still_open=frozenset(_open_ids(w.store)))
 
 
+# The heartbeat re-raises after declaring the lease lost, so the crash is
+# also visible to whoever watches thread exceptions; here that is expected.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_dead_heartbeat_thread_counts_as_lost(store_url: str) -> None:
     with Warden(store_url, clock=SYSTEM_CLOCK) as w:
         with w.guard("nightly", ttl=0.6) as run:
