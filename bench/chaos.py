@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from chaos.checkers import Distribution  # noqa: E402
+from chaos.checkers import Distribution, percentile  # noqa: E402
 from chaos.faults import PAUSES, Fault, backend  # noqa: E402
 from chaos.harness import RoundConfig, RoundResult, run_round, table  # noqa: E402
 
@@ -49,7 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--control-every", type=int, default=8, help="a positive-control round every N rounds")
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--json", metavar="PATH", help="write the summary as JSON here")
+    p.add_argument("--json", metavar="PATH", help="write the summary as JSON here (after every round)")
+    p.add_argument(
+        "--report", nargs="+", metavar="JSON", help="only print the tables of earlier --json files"
+    )
     return p.parse_args(argv)
 
 
@@ -65,59 +68,55 @@ def round_config(fault: Fault, args: argparse.Namespace, *, fenced: bool, seed: 
     )  # fmt: skip
 
 
-def summary(store: str, results: list[RoundResult], wall: float) -> dict[str, Any]:
-    fenced = [r for r in results if r.config.fenced]
-    control = [r for r in results if not r.config.fenced]
+def _fault_summary(rs: list[RoundResult]) -> dict[str, Any]:
     take, margin, orphan = Distribution(), Distribution(), Distribution()
-    per_fault: dict[str, Counter[str]] = {}
-    for r in fenced:
+    c: Counter[str] = Counter()
+    for r in rs:
         take.extend(r.takeover)
         margin.values.extend(m / r.config.ttl for m in r.margin.values)
         orphan.extend(r.orphan)
-        c = per_fault.setdefault(r.config.fault.value, Counter())
         c["rounds"] += 1
         c["cycles"] += r.cycles
+        c["attempts"] += r.attempts
         c["injections"] += len(r.injections)
-        c["violations"] += r.safety_violations
+        c["writes"] += r.writes
+        c["rejected"] += r.rejected
         c["late_rejected"] += r.late_rejected
         c["expectation_misses"] += len(r.expectations)
         c["lease_kept"] += r.lease_kept
         c["lease_lost"] += r.lease_lost
         c["lost_within_budget"] += r.lost_within_budget
         c["takeover_over_bound"] += len(r.takeover_over_bound)
+        c["control_hits"] += r.control_hits
+        c["rounds_with_ab"] += r.found("a", "b") > 0
         c.update({f"outcome:{k}": v for k, v in r.outcomes.items()})
+        c.update({f"violations:{k}": len(v) for k, v in r.violations.items()})
     return {
-        "store": store,
-        "wall_s": round(wall, 1),
-        "fenced_cycles": sum(r.cycles for r in fenced),
-        "attempts": sum(r.attempts for r in results),
-        "injections": sum(len(r.injections) for r in fenced),
-        "violations": {k: sum(len(r.violations.get(k, [])) for r in fenced) for k in "abcdgh"},
-        "violation_samples": [v for r in fenced for vs in r.violations.values() for v in vs][:20],
-        "takeover_s": {
-            "n": len(take.values),
-            "p50": take.p(50),
-            "p99": take.p(99),
-            "max": max(take.values, default=None),
-        },
-        "stop_margin_ttl": {
-            "n": len(margin.values),
-            "p50": margin.p(50),
-            "p1": margin.p(1),
-            "min": min(margin.values, default=None),
-        },
-        "orphan_s": {"n": len(orphan.values), "p99": orphan.p(99), "max": max(orphan.values, default=None)},
-        "per_fault": per_fault,
-        "control": {
-            "rounds": len(control),
-            "injections": sum(len(r.injections) for r in control),
-            "rounds_with_violations": sum(1 for r in control if r.found("a", "b") > 0),
-            "injections_with_violations": sum(r.control_hits for r in control),
-            "violations": {k: sum(len(r.violations.get(k, [])) for r in control) for k in "abc"},
-        },
-        "errors": [e for r in results for e in r.errors][:50],
-        "expectation_samples": [e for r in fenced for e in r.expectations][:30],
+        "counts": dict(c),
+        "takeover_s": take.values,
+        "takeover_bound_s": [r.takeover_bound for r in rs if r.takeover.values],
+        "stop_margin_ttl": margin.values,
+        "orphan_s": orphan.values,
     }
+
+
+def summary(store: str, results: list[RoundResult], wall: float) -> dict[str, Any]:
+    """Counts and the raw measurements, per fault; ``--report`` turns them into tables."""
+    out: dict[str, Any] = {"store": store, "wall_s": round(wall, 1), "fenced": {}, "control": {}}
+    for fenced, key in ((True, "fenced"), (False, "control")):
+        groups: dict[str, list[RoundResult]] = {}
+        for r in results:
+            if r.config.fenced is fenced:
+                groups.setdefault(r.config.fault.value, []).append(r)
+        out[key] = {fault: _fault_summary(rs) for fault, rs in groups.items()}
+    fenced_rs = [r for r in results if r.config.fenced]
+    out["fenced_cycles"] = sum(r.cycles for r in fenced_rs)
+    out["injections"] = sum(len(r.injections) for r in fenced_rs)
+    out["violations"] = {k: sum(len(r.violations.get(k, [])) for r in fenced_rs) for k in "abcdgh"}
+    out["violation_samples"] = [v for r in fenced_rs for vs in r.violations.values() for v in vs][:20]
+    out["errors"] = [e for r in results for e in r.errors][:50]
+    out["expectation_samples"] = [e for r in fenced_rs for e in r.expectations][:30]
+    return out
 
 
 def run_store(store: str, args: argparse.Namespace) -> tuple[list[RoundResult], dict[str, Any]]:
@@ -166,8 +165,57 @@ def write_json(path: str, args: argparse.Namespace, summaries: list[dict[str, An
 
 
 def ok(s: dict[str, Any]) -> bool:
-    c = s["control"]
-    return sum(s["violations"].values()) == 0 and c["rounds_with_violations"] == c["rounds"]
+    """No violation with fencing; violations in every control round without."""
+    controls = [f["counts"] for f in s["control"].values()]
+    return sum(s["violations"].values()) == 0 and all(c["rounds_with_ab"] == c["rounds"] for c in controls)
+
+
+def _p(values: list[float], q: float) -> str:
+    v = percentile(values, q)
+    return "-" if v is None else f"{v:.2f}"
+
+
+def report(summaries: list[dict[str, Any]]) -> str:
+    """The fault table and the positive control, in Markdown."""
+    lines = [
+        "| store | fault | cycles | faults | violations a/b/c/d/g/h | takeover p50 / p99 / max (s) "
+        "| stop margin p50 / min (×ttl) | outcomes |",
+        "|---|---|---:|---:|---|---|---|---|",
+    ]
+    for s in summaries:
+        for fault, f in s["fenced"].items():
+            c = f["counts"]
+            v = "/".join(str(c.get(f"violations:{k}", 0)) for k in "abcdgh")
+            take = f["takeover_s"]
+            t = "-" if not take else f"{_p(take, 50)} / {_p(take, 99)} / {max(take):.2f}"
+            m = f["stop_margin_ttl"]
+            margin = "-" if not m else f"{_p(m, 50)} / {min(m):.2f}"
+            outcomes = ", ".join(
+                f"{k.split(':')[1]} {n}" for k, n in sorted(c.items()) if k.startswith("outcome:")
+            )
+            notes = []
+            if c.get("late_rejected"):
+                notes.append(f"late ops refused {c['late_rejected']}")
+            if fault == "pause_short":
+                notes.append(f"lease kept {c['lease_kept']}/{c['injections']}, lost within budget "
+                             f"{c['lost_within_budget']}")  # fmt: skip
+            if f["orphan_s"]:
+                notes.append(f"child gone after p99 {_p(f['orphan_s'], 99)}s")
+            if c.get("takeover_over_bound"):
+                notes.append(f"takeovers over the bound {c['takeover_over_bound']}")
+            said = "; ".join([outcomes, *notes])
+            lines.append(f"| {s['store']} | {fault} | {c['cycles']} | {c['injections']} | {v} | {t} "
+                         f"| {margin} | {said} |")  # fmt: skip
+    lines += ["", "| store | fault (fencing off) | rounds | faults | faults that produced a violation "
+              "| violations a/b/c |", "|---|---|---:|---:|---:|---|"]  # fmt: skip
+    for s in summaries:
+        for fault, f in s["control"].items():
+            c = f["counts"]
+            v = "/".join(str(c.get(f"violations:{k}", 0)) for k in "abc")
+            lines.append(
+                f"| {s['store']} | {fault} | {c['rounds']} | {c['injections']} | {c['control_hits']} | {v} |"
+            )
+    return "\n".join(lines)
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
@@ -180,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     args = parse_args(argv)
+    if args.report:
+        summaries = []
+        for path in args.report:
+            with open(path) as f:
+                summaries.extend(json.load(f)["stores"])
+        print(report(summaries))
+        return 0 if all(ok(s) for s in summaries) else 1
     stores = STORES if args.store == "all" else (args.store,)
     everything: list[RoundResult] = []
     summaries = []
@@ -190,14 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(everything))
     print()
-    for s in summaries:
-        t, m, c = s["takeover_s"], s["stop_margin_ttl"], s["control"]
-        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        print(f"{s['store']}: {s['fenced_cycles']} fenced cycles, {s['injections']} faults, violations "
-              f"{s['violations']}, takeover p50/p99 {fmt(t['p50'])}/{fmt(t['p99'])}s, stop margin "
-              f"p50/min {fmt(m['p50'])}/{fmt(m['min'])}×ttl; control: {c['rounds_with_violations']}/"
-              f"{c['rounds']} rounds and {c['injections_with_violations']}/{c['injections']} faults found "
-              f"violations; {s['wall_s']:.0f}s")  # fmt: skip
+    print(report(summaries))
     if args.json:
         write_json(args.json, args, summaries)
     return 0 if all(ok(s) for s in summaries) else 1

@@ -213,6 +213,15 @@ class Round:
         self.result.errors.append(f"timed out after {timeout:g}s waiting for {what}")
         return False
 
+    @staticmethod
+    def wait_quietly(predicate: Any, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
     def good_runs_since(self, t: float) -> set[str]:
         """Runs that started work after monotonic ``t`` and wrote successfully."""
         self.refresh()
@@ -313,11 +322,19 @@ class Round:
             time.sleep(0.02)
 
     def _resume(self, inj: Injection) -> None:
-        # The child first: its next step (the sleep is over) happens before the
-        # supervisor can look at its clock -- the worst order of a thaw.
+        """The command first, the supervisor after: the worst order of a thaw
+        (after a whole machine or cgroup is frozen, the order is arbitrary).
+        After a long pause the supervisor is resumed only once the command
+        has taken its next step (or after a second), so that step happens
+        before the supervisor can look at its clock, in every injection."""
         assert inj.child is not None and inj.supervisor is not None
+        thawed = time.monotonic()
         signal_group(inj.child, signal.SIGCONT)
-        time.sleep(0.05)
+        if inj.fault is Fault.PAUSE_LONG:
+            self.wait_quietly(lambda: any(e.get("run") == inj.target_run and e["t"] > thawed
+                                          for e in self.refresh()[-50:]), 1.0)  # fmt: skip
+        else:
+            time.sleep(0.05)
         signal_group(inj.supervisor, signal.SIGCONT)
         inj.resumed = time.monotonic()
 
