@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from cronwarden.durations import format_duration, parse_duration
 from cronwarden.errors import UsageError
+from cronwarden.events import EMPTY
 from cronwarden.policy import Policy
 
 FILE_NAME = "cronwarden.toml"
@@ -102,8 +102,7 @@ class ConfigError(UsageError):
 # -- settings -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobSettings:
+class JobSettings(NamedTuple):
     """Everything cronwarden knows about how one job is run, resolved."""
 
     name: str
@@ -126,7 +125,7 @@ class JobSettings:
     command: tuple[str, ...] = ()
     in_file: bool = False
     """True when the config file has a ``[jobs.NAME]`` table for it."""
-    sources: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = EMPTY
     """Setting -> where its value came from (``PATH:LINE``, ``$ENV``, ``--flag``);
     settings absent here are built-in defaults."""
 
@@ -139,8 +138,7 @@ class JobSettings:
         return f"CRON_TZ={self.timezone} {self.schedule}" if self.timezone else self.schedule
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)  # no __eq__: not needed, and each costs the hot path
-class Config:
+class Config(NamedTuple):
     """A parsed config file plus the environment."""
 
     path: str | None
@@ -148,13 +146,13 @@ class Config:
     """Store URL: ``$CRONWARDEN_STORE``, else the file's ``store``."""
     store_source: str | None = None
     jobs: tuple[JobSettings, ...] = ()
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = EMPTY
     """The file's ``[defaults]`` and the environment, merged, parsed values."""
-    default_sources: Mapping[str, str] = field(default_factory=dict)
+    default_sources: Mapping[str, str] = EMPTY
     problems: tuple[Problem, ...] = ()
     """Every problem found; ``load`` raises unless they are in other jobs' tables."""
-    job_problems: Mapping[str, tuple[Problem, ...]] = field(default_factory=dict)
-    sinks: Mapping[str, Any] = field(default_factory=dict)
+    job_problems: Mapping[str, tuple[Problem, ...]] = EMPTY
+    sinks: Mapping[str, Any] = EMPTY
     """The file's raw ``[sinks]`` table (``cronwarden.sinks.load_sinks`` reads it);
     its problems are in ``problems`` and in ``sink_problems``."""
     sink_problems: tuple[Problem, ...] = ()

@@ -1,13 +1,22 @@
 """The ledger's vocabulary: event kinds, terminal outcomes and the frozen
-records stores return. Events are facts, named in the past tense."""
+records stores return. Events are facts, named in the past tense.
+
+Records are ``typing.NamedTuple``s, not dataclasses: they are built at
+import time on the cron wrapper's hot path, where importing ``dataclasses``
+and processing a dozen frozen dataclasses cost several times the whole
+wrapper's own work (measured with callgrind: ~100M instructions against
+~20M). Change one with ``record._replace(field=value)``."""
 
 from __future__ import annotations
 
 import enum
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+"""The default for mappings in records: shared, so it must be read-only."""
 
 
 class EventKind(enum.StrEnum):
@@ -75,21 +84,36 @@ def new_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Event:
+class _EventFields(NamedTuple):
     kind: EventKind
     job: str
     at: float
     """Wall-clock seconds since the epoch, from the writer's clock."""
     run_id: str | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
-    event_id: str = field(default_factory=new_id)
+    data: Mapping[str, Any] = EMPTY
+    event_id: str = ""
+    """A canonical UUID; a new one when not given."""
     seq: int | None = None
     """Order in this store's ledger; set by the store on read."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunRecord:
+class Event(_EventFields):
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        kind: EventKind,
+        job: str,
+        at: float,
+        run_id: str | None = None,
+        data: Mapping[str, Any] = EMPTY,
+        event_id: str = "",
+        seq: int | None = None,
+    ) -> Event:
+        return super().__new__(cls, kind, job, at, run_id, data, event_id or new_id(), seq)
+
+
+class RunRecord(NamedTuple):
     run_id: str
     job: str
     key: str
@@ -112,8 +136,7 @@ class RunRecord:
         return None if self.ended_at is None else self.ended_at - self.started_at
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobInfo:
+class JobInfo(NamedTuple):
     """What the store knows of a job's schedule and policy, so the monitor can
     judge runs started by ``cronwarden run`` flags as well as by config."""
 

@@ -10,15 +10,13 @@ a decorated function, or a child process in ``supervisor``) →
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import format_duration
@@ -55,10 +53,7 @@ def this_host() -> str:
     return os.environ.get("CRONWARDEN_HOST") or os.uname().nodename
 
 
-@dataclass(frozen=True, kw_only=True)
-class Options:
-    """How one job is guarded. Validated once, here."""
-
+class _OptionFields(NamedTuple):
     ttl: float = 60.0
     policy: Policy = Policy.SKIP
     shard: str | None = None
@@ -69,7 +64,18 @@ class Options:
     allow_unpartitioned: bool = False
     slot: float | None = None
 
-    def __post_init__(self) -> None:
+
+class Options(_OptionFields):
+    """How one job is guarded. Validated once, here."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Options:
+        self = super().__new__(cls, *args, **kwargs)
+        self._check()
+        return self
+
+    def _check(self) -> None:
         if not self.ttl > 0:
             raise UsageError(f"ttl must be greater than zero, got {self.ttl:g}s")
         if self.renew_every is not None and not 0 < self.renew_every < self.ttl:
@@ -206,13 +212,13 @@ class Guard:
         while isinstance(result, Refused) and result.refusal is Refusal.REVOKING:
             if self.clock.monotonic() >= give_up:
                 # The holder would not let go: record the slot as skipped.
-                skip = dataclasses.replace(start, policy=Policy.SKIP, at=self.clock.wall())
+                skip = start._replace(policy=Policy.SKIP, at=self.clock.wall())
                 return self.warden.store.acquire(skip), sent
             self.clock.sleep(interval)
             sent = self.clock.monotonic()
             # Same run id (the revocation names it), but the time of this
             # attempt: the run starts when it is granted, not when it asked.
-            start = dataclasses.replace(start, at=self.clock.wall())
+            start = start._replace(at=self.clock.wall())
             result = self.warden.store.acquire(start)
         return result, sent
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cronwarden.clock import Clock
 from cronwarden.errors import CronwardenError, LeaseLost, TimedOut
@@ -21,8 +21,7 @@ BELIEF = 0.9
 """Fraction of the ttl a holder trusts a renewal for."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Lease:
+class Lease(NamedTuple):
     """Proof of ownership, returned by ``Store.acquire`` and presented to
     ``renew``/``finish``. Only the run named ``run_id`` can act on it (G1)."""
 

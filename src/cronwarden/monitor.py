@@ -28,7 +28,6 @@ longer overlap.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -609,7 +608,7 @@ class Monitor:
         for j in self.extra_jobs:
             known = jobs.get(j.name)
             if known is not None and not j.updated_at:  # keep when the store first heard of it
-                j = dataclasses.replace(j, updated_at=known.updated_at)
+                j = j._replace(updated_at=known.updated_at)
             jobs[j.name] = j
         for r in open_runs:
             jobs.setdefault(r.job, None)

@@ -3,8 +3,6 @@ lease, and jobs. Reads return frozen records and never change the ledger."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from cronwarden.events import Event, EventKind, JobInfo, Outcome
@@ -161,7 +159,7 @@ def test_recorded_event_reads_back_unchanged(store: Store) -> None:
 
     assert back.seq is not None
     assert back.at == pytest.approx(event.at, abs=1e-3)
-    assert dataclasses.replace(back, seq=None, at=event.at) == event
+    assert back._replace(seq=None, at=event.at) == event
 
 
 def test_events_are_newest_first_by_default(store: Store, recorded: list[Event]) -> None:

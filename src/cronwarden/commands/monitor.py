@@ -505,7 +505,6 @@ def main_report(args: Any, *, clock: Clock = SYSTEM_CLOCK, out: TextIO | None = 
 
 
 def _describe(args: Any, store: Store, clock: Clock, out: TextIO) -> int:
-    import dataclasses
 
     from cronwarden.events import JobInfo
     from cronwarden.policy import Policy
@@ -530,7 +529,7 @@ def _describe(args: Any, store: Store, clock: Clock, out: TextIO) -> int:
         changes["policy"] = Policy.parse(args.policy).value
     if args.reason is not None:
         changes["reason"] = " ".join(args.reason.split())
-    info = dataclasses.replace(info, **changes)
+    info = info._replace(**changes)
     store.save_job(info)
     print(f"{info.name}: schedule {info.schedule or '-'}, grace {_dur(info.grace)}, max runtime "
           f"{_dur(info.max_runtime)}, policy {info.policy}, reason {info.reason or '(none)'}",

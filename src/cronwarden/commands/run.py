@@ -4,7 +4,6 @@ import only what one guarded run of one child needs."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -108,7 +107,7 @@ def _sync_job(store: Store, info: JobInfo) -> None:
     """Save the job's settings only when they changed: one read per run with
     a schedule or config, a write only after an edit."""
     known = next((j for j in store.jobs() if j.name == info.name), None)
-    if known is None or dataclasses.replace(known, updated_at=info.updated_at) != info:
+    if known is None or known._replace(updated_at=info.updated_at) != info:
         store.save_job(info)
 
 

@@ -81,15 +81,14 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
 
 
-@dataclass(frozen=True, kw_only=True)
-class Start:
+class Start(NamedTuple):
     """A request to start one run."""
 
     job: str
@@ -105,8 +104,7 @@ class Start:
     max_pending: int = 1
 
 
-@dataclass(frozen=True, kw_only=True)
-class Holder:
+class Holder(NamedTuple):
     """Who holds a lease, as the refusal reports it."""
 
     run_id: str
@@ -120,8 +118,7 @@ class Holder:
         return now - self.started_at
 
 
-@dataclass(frozen=True, kw_only=True)
-class Granted:
+class Granted(NamedTuple):
     lease: Lease
     abandoned: tuple[str, ...] = ()
     overlapped: Holder | None = None
@@ -134,15 +131,13 @@ class Refusal(enum.StrEnum):
     REVOKING = "revoking"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Refused:
+class Refused(NamedTuple):
     refusal: Refusal
     holder: Holder
     abandoned: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
-class End:
+class End(NamedTuple):
     """How a run ended, as the guard reports it to ``finish``."""
 
     outcome: Outcome
@@ -152,8 +147,7 @@ class End:
     replaced_by: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Finished:
+class Finished(NamedTuple):
     owned: bool
     """False when the lease was no longer this run's at release (G1)."""
     recorded: bool
@@ -161,8 +155,7 @@ class Finished:
     next: Lease | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class LeaseInfo:
+class LeaseInfo(NamedTuple):
     key: str
     owner: str | None
     token: int
@@ -171,8 +164,7 @@ class LeaseInfo:
     revoked_by: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class EventQuery:
+class EventQuery(NamedTuple):
     job: str | None = None
     kinds: Sequence[EventKind] | None = None
     run_id: str | None = None

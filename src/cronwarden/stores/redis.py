@@ -34,7 +34,6 @@ expiry: only the server's clock decides (G4).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -1009,7 +1008,7 @@ class RedisStore(Store):
         )
 
     def save_job(self, job: JobInfo) -> None:
-        record = json.dumps(dataclasses.asdict(job), separators=(",", ":"))
+        record = json.dumps(job._asdict(), separators=(",", ":"))
         self._read(lambda pipe: pipe.hset(self._k_jobs, job.name, record))
 
     def jobs(self) -> list[JobInfo]:

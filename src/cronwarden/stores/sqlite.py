@@ -21,7 +21,6 @@ of the acknowledged prefix.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
@@ -391,7 +390,7 @@ class SqliteStore(Store):
             )
             return Refused(refusal=Refusal.REVOKING, holder=holder)
         if start.policy is Policy.ALLOW:
-            side = dataclasses.replace(start, key=f"{start.key}+{start.run_id}")
+            side = start._replace(key=f"{start.key}+{start.run_id}")
             db.execute(
                 "INSERT INTO leases (key, job, owner, token, expires, boot_id) VALUES (?, ?, ?, 1, ?, ?)",
                 (side.key, start.job, start.run_id, now + start.ttl, boot),
