@@ -89,6 +89,7 @@ def _fault_summary(rs: list[RoundResult]) -> dict[str, Any]:
         c["takeover_over_bound"] += len(r.takeover_over_bound)
         c["control_hits"] += r.control_hits
         c["rounds_with_ab"] += r.found("a", "b") > 0
+        c["tracebacks"] += len(r.tracebacks)
         c.update({f"outcome:{k}": v for k, v in r.outcomes.items()})
         c.update({f"violations:{k}": len(v) for k, v in r.violations.items()})
     return {
@@ -115,6 +116,7 @@ def summary(store: str, results: list[RoundResult], wall: float) -> dict[str, An
     out["violations"] = {k: sum(len(r.violations.get(k, [])) for r in fenced_rs) for k in "abcdgh"}
     out["violation_samples"] = [v for r in fenced_rs for vs in r.violations.values() for v in vs][:20]
     out["errors"] = [e for r in results for e in r.errors][:50]
+    out["tracebacks"] = [t for r in results for t in r.tracebacks][:20]
     out["expectation_samples"] = [e for r in fenced_rs for e in r.expectations][:30]
     return out
 

@@ -112,6 +112,8 @@ class RoundResult:
     """Unfenced pause injections whose frozen run shows up in an (a)/(b)/(c) violation."""
     expectations: list[str] = field(default_factory=list)
     """Behaviour the fault should have produced and did not (not a safety violation)."""
+    tracebacks: list[str] = field(default_factory=list)
+    """The stderr of every ``cronwarden run`` that printed a traceback (never expected)."""
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -449,6 +451,8 @@ class Round:
         for launch in self.launches.values():
             if launch.returncode is not None:
                 r.exits[launch.returncode] += 1
+            if "Traceback" in launch.stderr:
+                r.tracebacks.append(f"exit {launch.returncode}: {launch.stderr.strip()[-1500:]}")
         writes = [e for e in log if e["op"] == "write"]
         r.writes = sum(1 for e in writes if e["ok"])
         r.rejected = sum(1 for e in log if e["op"] in ("read", "write") and not e["ok"])

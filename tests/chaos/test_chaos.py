@@ -99,6 +99,7 @@ def chaos_round(backend: Backend, fault: Fault, *, fenced: bool) -> RoundResult:
     result = run_round(backend, config)
     RESULTS.append(result)
     assert not result.errors, f"the harness could not do its job: {result.errors}"
+    assert not result.tracebacks, f"cronwarden run printed a traceback: {result.tracebacks[0]}"
     if fault is not Fault.NONE:
         assert len(result.injections) == FAULTS_PER_CELL
     return result
