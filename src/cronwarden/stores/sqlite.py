@@ -594,20 +594,8 @@ class SqliteStore(Store):
                 "FROM jobs ORDER BY name"
             ).fetchall()
         )
-        return [
-            JobInfo(
-                name=r[0],
-                schedule=r[1],
-                period=r[2],
-                policy=r[3],
-                reason=r[4],
-                ttl=r[5],
-                grace=r[6],
-                max_runtime=r[7],
-                updated_at=r[8],
-            )
-            for r in rows
-        ]
+        # Columns in JobInfo field order.
+        return [JobInfo._make(r) for r in rows]
 
     # -- the outbox -------------------------------------------------------
 
