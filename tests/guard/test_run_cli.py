@@ -228,3 +228,25 @@ def test_processes_the_command_left_behind_are_stopped_when_it_ends(store_url: s
     assert p.returncode == 0
     straggler = int(pidfile.read_text())
     wait_for(lambda: not alive(straggler), timeout=1.0, what="the backgrounded child to be stopped")
+
+
+def test_status_shows_open_runs_from_every_host(store_url: str, tmp_path: Path) -> None:
+    holders = []
+    for host in ("host-a", "host-b"):
+        pidfile = tmp_path / host
+        holders.append(cli("run", "--job", f"job-{host}", "--store", store_url, "--",
+                           "sh", "-c", f"echo $$ > {pidfile}; exec sleep 30",
+                           env={"CRONWARDEN_HOST": host}))  # fmt: skip
+        wait_for(lambda p=pidfile: p.exists() and p.read_text().strip(), what=f"the run on {host}")
+    result = subprocess.run([*CLI, "status", "--json", "--store", store_url], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    for p in holders:
+        p.terminate()
+        p.communicate(timeout=10)
+    import json
+
+    rows = json.loads(result.stdout)
+    assert {(r["job"], r["host"], r["state"]) for r in rows} == {
+        ("job-host-a", "host-a", "running"),
+        ("job-host-b", "host-b", "running"),
+    }
