@@ -63,10 +63,19 @@ def add_store_flag(p: argparse.ArgumentParser) -> None:
                    "~/.local/state/cronwarden/cronwarden.db), postgresql://…, redis://…")  # fmt: skip
 
 
-def store_url(args: Any) -> str:
-    from cronwarden.stores import default_store_url
+def store_url(args: Any, configured: str | None = None) -> str:
+    """``--store`` > ``$CRONWARDEN_STORE`` > the config file's ``store``
+    (``--config``, ``$CRONWARDEN_CONFIG`` or ``./cronwarden.toml``) > default."""
+    from cronwarden.stores import resolve_url
 
-    return getattr(args, "store", None) or os.environ.get("CRONWARDEN_STORE") or default_store_url()
+    flag = getattr(args, "store", None)
+    if configured is None and not flag and not os.environ.get("CRONWARDEN_STORE"):
+        from cronwarden.config import find, read
+
+        path = find(getattr(args, "config", None))
+        if path is not None:
+            configured = read(path).store
+    return resolve_url(flag, configured)
 
 
 def _entry(name: str, what: str) -> Callable[..., Any]:

@@ -12,7 +12,6 @@ Three readings, for three purposes:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from functools import cache
@@ -20,7 +19,10 @@ from functools import cache
 
 class Clock:
     def monotonic(self) -> float:
-        return time.monotonic()
+        # CLOCK_BOOTTIME, not CLOCK_MONOTONIC: it keeps counting while the
+        # host is suspended, as the store's clock does. A holder whose count
+        # stopped during a suspend would believe in a lease already expired.
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
 
     def store_time(self) -> float:
         return time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -40,8 +42,16 @@ def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
-    except OSError:  # not Linux: one id per process is the safe fallback
-        return os.urandom(16).hex()
+    except OSError:
+        # A made-up id would void every other process's live lease (unsafe);
+        # a constant one would keep a previous boot's leases alive for as long
+        # as that boot had run. Refuse instead.
+        from cronwarden.errors import StoreError
+
+        raise StoreError(
+            "cannot read /proc/sys/kernel/random/boot_id: the SQLite store needs Linux's boot id "
+            "to judge lease expiry; use postgresql:// or redis:// on this system"
+        ) from None
 
 
 SYSTEM_CLOCK = Clock()

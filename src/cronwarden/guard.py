@@ -29,7 +29,7 @@ from cronwarden.errors import (
     UsageError,
 )
 from cronwarden.events import Outcome, new_id
-from cronwarden.lease import Heartbeat, Lease
+from cronwarden.lease import BELIEF, Heartbeat, Lease
 from cronwarden.policy import Policy
 from cronwarden.stores.base import End, Finished, Granted, Holder, Refusal, Refused, Start, Store
 
@@ -78,9 +78,13 @@ class Options(_OptionFields):
     def _check(self) -> None:
         if not self.ttl > 0:
             raise UsageError(f"ttl must be greater than zero, got {self.ttl:g}s")
-        if self.renew_every is not None and not 0 < self.renew_every < self.ttl:
+        # The belief lasts BELIEF * ttl from the last renewal; the work is
+        # stopped kill_grace before that. Leave room for two renewal attempts.
+        longest = (BELIEF * self.ttl - self.kill_grace) / 2
+        if self.renew_every is not None and not 0 < self.renew_every <= longest:
             raise UsageError(
-                f"renew interval must be greater than zero and less than the ttl ({self.ttl:g}s), "
+                f"renew interval must be greater than zero and at most {longest:g}s for a "
+                f"{self.ttl:g}s ttl (room for two renewals before the work is stopped), "
                 f"got {self.renew_every:g}s"
             )
         if self.max_runtime is not None and self.max_runtime <= 0:
@@ -141,7 +145,10 @@ class Run:
         hb = self.heartbeat
         if hb.lost is not None:
             return hb.lost
-        if self._guard.clock.monotonic() >= hb.deadline:
+        now = self._guard.clock.monotonic()
+        if hb.stop_at is not None and now >= hb.stop_at:
+            return TimedOut(self.lease.key, hb.stop_at - hb.started_at)
+        if now >= hb.deadline:
             return LeaseLost(self.lease.key, "no renewal succeeded before the deadline")
         return None
 
@@ -165,6 +172,9 @@ class Guard:
         self.refused: Refused | None = None
         self.run: Run | None = None
         self.abandoned: tuple[str, ...] = ()
+        self.last_end: End | None = None
+        """How the last run ended, as recorded (or as attempted, if the store
+        could not be reached)."""
         self.overlapped: Holder | None = None
         """Policy allow without a shard: the run that was open when this one started."""
 
@@ -264,8 +274,10 @@ class Guard:
         """Record the terminal outcome and release (G5/G6). With ``again``
         (policy queue), start the next pending run on the same lease and
         return it."""
+        # Judge first: stopping the heartbeat may wait for a renewal in flight,
+        # and the outcome is how the run stood when its work ended.
+        end = self.last_end = self.outcome(run, error)
         run.heartbeat.stop()
-        end = self.outcome(run, error)
         # A pending start asked for a run after this one; the work failing
         # does not cancel that request. Lease trouble does: this process no
         # longer has a lease to hand on (replaced, lost) or was stopped.
@@ -337,9 +349,9 @@ class Warden:
         self.host = host or this_host()
         self.quiet = quiet
         if store is None or isinstance(store, str):
-            from cronwarden.stores import default_store_url, open_store
+            from cronwarden.stores import open_store, resolve_url
 
-            url = store or os.environ.get("CRONWARDEN_STORE") or default_store_url()
+            url = resolve_url(store)
             self.store: Store = open_store(url, clock=clock)
             self._owns_store = True
         else:

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from cronwarden.errors import LeaseLost, LeaseRevoked, UsageError
 from cronwarden.guard import Run
@@ -57,6 +58,10 @@ def _keep(
     command left behind in its group: the run ends with its command.
     """
     _close_fds(keep=report)
+    # A group of its own: a kill of the supervisor's whole group (timeout -k,
+    # kill -9 -PGID) must leave the keeper alive to take the command down.
+    os.setpgid(0, 0)
+    keeper = os.getpid()
     group = 0
     stop = False
 
@@ -67,7 +72,7 @@ def _keep(
             _killpg(group, signal.SIGKILL)
 
     signal.signal(PARENT_DIED, supervisor_died)
-    for s in FORWARDED:  # the supervisor signals the command's group itself
+    for s in (*FORWARDED, signal.SIGTTOU):  # the supervisor signals the command's group itself
         signal.signal(s, signal.SIG_IGN)
     prctl(PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -77,9 +82,13 @@ def _keep(
     if command == 0:
         try:
             os.setpgid(0, 0)
+            # Second layer: if the keeper itself is killed, so is the command.
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != keeper:
+                os._exit(137)
             # Python ignores SIGPIPE and SIGXFSZ, and the keeper the forwarded
             # signals; the command expects defaults.
-            for s in (signal.SIGPIPE, signal.SIGXFSZ, PARENT_DIED, *FORWARDED):
+            for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU, PARENT_DIED, *FORWARDED):
                 signal.signal(s, signal.SIG_DFL)
             os.execvpe(argv[0], list(argv), dict(env))
         except OSError as e:
@@ -90,6 +99,7 @@ def _keep(
     except OSError:
         pass  # the command already did it, or already exited
     group = command
+    terminal = _take_terminal(parent, group)
     os.write(report, f"P{command}\n".encode())
     os.close(report)
     if stop:
@@ -114,7 +124,37 @@ def _keep(
             break
         if pid == 0:
             time.sleep(0.005)
+    if terminal is not None:
+        _give_back_terminal(terminal)
     return status
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _take_terminal(parent: int, group: int) -> int | None:
+    """Run from a terminal, the command's group (not the supervisor's) must be
+    the foreground one, or a command that reads the terminal is stopped by
+    SIGTTIN while its lease is renewed forever. Returns the group to give the
+    terminal back to."""
+    try:
+        if not os.isatty(0):
+            return None
+        foreground = os.tcgetpgrp(0)
+        if foreground != os.getpgid(parent):
+            return None  # cronwarden itself runs in the background
+        os.tcsetpgrp(0, group)
+        return foreground
+    except OSError:
+        return None
+
+
+def _give_back_terminal(foreground: int) -> None:
+    try:
+        os.tcsetpgrp(0, foreground)
+    except OSError:
+        pass
 
 
 def _close_fds(keep: int) -> None:
@@ -193,21 +233,49 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class SignalRelay:
+    """SIGTERM, SIGINT and SIGHUP for the whole life of a guarded run.
+
+    From before the lease is taken until its end is recorded, these signals
+    are remembered and passed to the command's group while one runs; they
+    never kill cronwarden between its ledger writes, which would leave a
+    started run with no terminal record and its lease held until expiry.
+    """
+
+    def __init__(self) -> None:
+        self.signalled: int | None = None
+        """The last such signal received, if any: someone asked this run to
+        stop, so no queued run may follow it."""
+        self.child: Child | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signalled = signum
+        if self.child is not None:
+            self.child.signal(signum)
+
+    def __enter__(self) -> SignalRelay:
+        self._previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
 class Supervisor:
     """Runs one child for one guarded run and stops it when the run must stop."""
 
     def __init__(self, run: Run, argv: Sequence[str], env: Mapping[str, str], *, kill_grace: float,
-                 replace_grace: float) -> None:  # fmt: skip
+                 replace_grace: float, relay: SignalRelay) -> None:  # fmt: skip
         self.run = run
         self.argv = argv
         self.env = env
         self.kill_grace = kill_grace
         self.replace_grace = replace_grace
+        self.relay = relay
         self.child: Child | None = None
         self._wake_r, self._wake_w = os.pipe()
-        self.signalled: int | None = None
-        """The signal forwarded to the child (SIGTERM, SIGINT, SIGHUP), if any:
-        someone asked this run to stop, so no queued run may follow it."""
 
     def _on_lost(self) -> None:
         try:
@@ -215,27 +283,22 @@ class Supervisor:
         except OSError:
             pass
 
-    def _forward(self, signum: int, _frame: object) -> None:
-        self.signalled = signum
-        if self.child is not None:
-            self.child.signal(signum)
-
     def execute(self) -> int:
         """Run the child to its end; return its exit status. Sets
         ``run.exit_code`` and, when it had to stop the child, ``run.stopped_by``."""
-        previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
         hb = self.run.heartbeat
         hb.on_lost = lambda _why: self._on_lost()
         try:
             self.child = Child(self.argv, self.env)
-            if self.signalled is not None:  # arrived while the command was starting
-                self.child.signal(self.signalled)
+            self.relay.child = self.child
+            if self.relay.signalled is not None:  # arrived while the command was starting
+                self.child.signal(self.relay.signalled)
             if hb.lost is not None:
                 self._on_lost()
             code = self._wait()
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            self.relay.child = None
+            hb.on_lost = None
             os.close(self._wake_r)
             os.close(self._wake_w)
         self.run.exit_code = code
@@ -261,7 +324,8 @@ class Supervisor:
             if hb.stop_at is not None:
                 wake_at = min(wake_at, hb.stop_at)
             timeout = max(0.0, min(wake_at - now, hb.interval))
-            poller.poll(timeout * 1000)
+            if poller.poll(timeout * 1000) and _readable(self._wake_r):
+                os.read(self._wake_r, 64)  # drained: the loop re-reads the heartbeat
         return exit_status(child.poll() or 0)
 
     def _stop(self, why: LeaseLost) -> int:

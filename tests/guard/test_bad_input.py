@@ -55,7 +55,7 @@ BAD = [
     (
         ["run", "--job", "x", "--ttl", "10s", "--renew-every", "10s", "--", "true"],
         2,
-        ["renew interval", "less than"],
+        ["renew interval", "at most"],
     ),
     (["run", "--job", "x", "--ttl", "10s", "--renew-every", "1m", "--", "true"], 2, ["renew interval"]),
     (["run", "--job", "", "--", "true"], 2, ["job name", "''"]),

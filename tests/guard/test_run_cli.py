@@ -250,3 +250,59 @@ def test_status_shows_open_runs_from_every_host(store_url: str, tmp_path: Path) 
         ("job-host-a", "host-a", "running"),
         ("job-host-b", "host-b", "running"),
     }
+
+
+def test_kill_9_of_the_supervisors_whole_process_group_still_kills_the_command(
+    store_url: str, tmp_path: Path
+) -> None:
+    # timeout -k, kill -9 -PGID: the keeper must not die in the same instant.
+    pidfile = tmp_path / "pid"
+    script = f"echo $$ > {pidfile}; exec sleep 30"
+    p = cli("run", "--job", "group", "--store", store_url, "--", "sh", "-c", script, start_new_session=True)
+    child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child pid"))
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    wait_for(lambda: not alive(child), timeout=1.0, what="the command to die with its supervisor's group")
+
+
+def test_sigterm_while_the_end_is_being_recorded_does_not_lose_the_terminal_record(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    go = tmp_path / "go"
+    p = cli("run", "--job", "late", "--ttl", "10s", "--store", url, "--",
+            "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done")  # fmt: skip
+    wait_for(lambda: open_store(url).open_runs(), what="the run to start")
+    # Another process holds the store's write lock as the command ends, so
+    # cronwarden is still recording the end when the signal arrives.
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(db), "2"], stdout=subprocess.PIPE, text=True)
+    assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+    go.touch()
+    time.sleep(0.3)  # the command has ended; cronwarden waits on the lock
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    locker.wait(timeout=30)
+    assert "Traceback" not in err
+    with open_store(url) as store:
+        (run,) = store.runs("late")
+        assert run.outcome is not None, "the run was left with no terminal record"
+        info = store.lease("late")
+        assert info is not None and info.owner is None
+        assert_one_terminal_per_start(store)
+
+
+def test_status_reads_the_store_named_in_the_config_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'configured.db'}"
+    (tmp_path / "cronwarden.toml").write_text(f'store = "{url}"\n')
+    pidfile = tmp_path / "pid"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRONWARDEN_")}
+    script = f"echo $$ > {pidfile}; exec sleep 30"
+    holder = subprocess.Popen([*CLI, "run", "--job", "cfg", "--", "sh", "-c", script], cwd=tmp_path, env=env,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the run")
+    result = subprocess.run([*CLI, "status", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    holder.terminate()
+    holder.communicate(timeout=10)
+    import json
+
+    assert [r["job"] for r in json.loads(result.stdout)] == ["cfg"]

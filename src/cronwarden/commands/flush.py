@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from typing import Any
 
@@ -79,8 +78,8 @@ def main(args: Any) -> int:
         sinks = [s for s in sinks if s.name in args.sink]
     if not sinks:
         raise UsageError(f"flush: {path} configures no sinks; add a [sinks.NAME] table")
-    # The precedence of config.py: --store, $CRONWARDEN_STORE, the file's store, the default.
-    url = args.store or os.environ.get("CRONWARDEN_STORE") or doc.get("store") or store_url(args)
+    configured = doc.get("store")
+    url = store_url(args, configured if isinstance(configured, str) else None)
     store = open_store(str(url))
     try:
         deadline = SYSTEM_CLOCK.monotonic() + args.timeout

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from cronwarden.config import DEFAULT_TTL, JobSettings
 from cronwarden.durations import format_duration
-from cronwarden.errors import LeaseRevoked, StoreUnavailable, TimedOut, UsageError
-from cronwarden.events import JobInfo
-from cronwarden.guard import Guard, Options, Warden
+from cronwarden.errors import StoreUnavailable, UsageError
+from cronwarden.events import JobInfo, Outcome
+from cronwarden.guard import Guard, Options, Run, Warden
 from cronwarden.policy import Policy
 
 if TYPE_CHECKING:
     from cronwarden.schedule import Schedule
     from cronwarden.stores.base import Store
+    from cronwarden.supervisor import SignalRelay
 
 
 def _resolve(command: str) -> None:
@@ -185,6 +186,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: Any) -> int:
+    from cronwarden.cli import store_url
     from cronwarden.clock import SYSTEM_CLOCK
     from cronwarden.config import find, load, resolve
 
@@ -211,81 +213,87 @@ def main(args: Any) -> int:
     )  # fmt: skip
     _resolve(command[0])
     info = _job_info(settings, schedule, now)
-    try:
-        warden = Warden(_store_url(args, config.store), quiet=args.quiet)
-        guard = Guard(warden, args.job, options)
-        if info is not None:
-            _sync_job(warden.store, info)
-        run = guard.acquire()
-    except StoreUnavailable as e:
-        if args.on_store_error != "run":
-            print(f"cronwarden: {e}; not running {args.job} (fail closed; --on-store-error=run "
-                  "to run unguarded)", file=sys.stderr)  # fmt: skip
-            return EXIT_STORE
-        print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
-        return _unguarded(command)
-    try:
-        if run is None:
-            assert guard.refused is not None
-            warden.report_refusal(args.job, guard.refused)
-            return int(args.skip_exit_code)
-        if guard.overlapped is not None and not args.quiet:
-            h = guard.overlapped
-            print(f"cronwarden: {args.job} run {run.run_id} overlaps run {h.run_id} (host {h.host}, "
-                  f"pid {h.pid}); both run (policy allow, unpartitioned); recorded as overlap",
-                  file=sys.stderr)  # fmt: skip
-        from cronwarden.supervisor import Supervisor
+    from cronwarden.supervisor import SignalRelay
 
-        code = 0
-        while run is not None:
-            env = {
-                **os.environ,
-                "CRONWARDEN_RUN_ID": run.run_id,
-                "CRONWARDEN_JOB": run.job,
-                "CRONWARDEN_FENCING_TOKEN": str(run.token),
-                "CRONWARDEN_LEASE_KEY": run.lease.key,
-            }
-            if args.shard:
-                env["CRONWARDEN_SHARD"] = args.shard
-            sup = Supervisor(run, command, env, kill_grace=options.kill_grace,
-                             replace_grace=options.replace_grace)  # fmt: skip
-            try:
-                status = sup.execute()
-                code = code or status
-            except BaseException as e:
-                guard.end(run, e)
-                raise
-            stopped = run.stopped_by or run.lost_reason()
-            # A signal to cronwarden asks the run to stop: pending starts stay
-            # pending for the next holder rather than starting now.
-            again = options.policy is Policy.QUEUE and sup.signalled is None
-            run = guard.end(run, None, again=again)
-            if isinstance(stopped, LeaseRevoked):
-                return EXIT_REPLACED
-            if isinstance(stopped, TimedOut):
-                return EXIT_TIMED_OUT
-            if stopped is not None:
-                return EXIT_LEASE_LOST
-        return code
-    finally:
-        if config.sinks:
-            # Deliver this run's events within [sinks] flush_timeout; never
-            # raises, never changes the exit status. Imported only here.
-            from cronwarden.outbox import flush_after_run
+    # From before the lease is taken until its end is recorded, a SIGTERM,
+    # SIGINT or SIGHUP is passed to the command, never allowed to kill
+    # cronwarden between ledger writes.
+    with SignalRelay() as relay:
+        try:
+            warden = Warden(store_url(args, config.store), quiet=args.quiet)
+            guard = Guard(warden, args.job, options)
+            if info is not None:
+                _sync_job(warden.store, info)
+            run = guard.acquire()
+        except StoreUnavailable as e:
+            if args.on_store_error != "run":
+                print(f"cronwarden: {e}; not running {args.job} (fail closed; --on-store-error=run "
+                      "to run unguarded)", file=sys.stderr)  # fmt: skip
+                return EXIT_STORE
+            print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
+            return _unguarded(command)
+        try:
+            return _supervise(args, command, options, guard, run, relay)
+        finally:
+            if config.sinks:
+                # Deliver this run's events within [sinks] flush_timeout; never
+                # raises, never changes the exit status. Imported only here.
+                from cronwarden.outbox import flush_after_run
 
-            flush_after_run(warden.store, {"sinks": config.sinks})
-        warden.close()
+                flush_after_run(warden.store, {"sinks": config.sinks})
+            warden.close()
 
 
-def _store_url(args: Any, configured: str | None) -> str:
-    """--store > $CRONWARDEN_STORE > the config file's store > the default."""
-    if args.store:
-        return str(args.store)
-    if configured:
-        return configured
-    from cronwarden.stores import default_store_url
+EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_REPLACED,
+                   Outcome.TIMED_OUT: EXIT_TIMED_OUT}  # fmt: skip
 
-    return default_store_url()
+
+def _supervise(args: Any, command: list[str], options: Options, guard: Guard, run: Run | None,
+               relay: SignalRelay) -> int:  # fmt: skip
+    """Run the command for the granted run (and, with policy queue, for each
+    pending start after it); the exit status."""
+    if run is None:
+        assert guard.refused is not None
+        guard.warden.report_refusal(args.job, guard.refused)
+        return int(args.skip_exit_code)
+    if guard.overlapped is not None and not args.quiet:
+        h = guard.overlapped
+        print(f"cronwarden: {args.job} run {run.run_id} overlaps run {h.run_id} (host {h.host}, "
+              f"pid {h.pid}); both run (policy allow, unpartitioned); recorded as overlap",
+              file=sys.stderr)  # fmt: skip
+    from cronwarden.supervisor import Supervisor
+
+    code = 0
+    while run is not None:
+        if relay.signalled is not None:
+            # Asked to stop before this run's command started: it never runs.
+            guard.end(run, InterruptedError(f"signal {relay.signalled} before the command started"))
+            return 128 + int(relay.signalled)
+        env = {
+            **os.environ,
+            "CRONWARDEN_RUN_ID": run.run_id,
+            "CRONWARDEN_JOB": run.job,
+            "CRONWARDEN_FENCING_TOKEN": str(run.token),
+            "CRONWARDEN_LEASE_KEY": run.lease.key,
+        }
+        if args.shard:
+            env["CRONWARDEN_SHARD"] = args.shard
+        sup = Supervisor(run, command, env, kill_grace=options.kill_grace,
+                         replace_grace=options.replace_grace, relay=relay)  # fmt: skip
+        try:
+            status = sup.execute()
+            code = code or status
+        except BaseException as e:
+            guard.end(run, e)
+            raise
+        # A signal to cronwarden asks the run to stop: pending starts stay
+        # pending for the next holder rather than starting now.
+        again = options.policy is Policy.QUEUE and relay.signalled is None
+        run = guard.end(run, None, again=again)
+        assert guard.last_end is not None
+        if guard.last_end.outcome in EXIT_BY_OUTCOME:
+            return EXIT_BY_OUTCOME[guard.last_end.outcome]
+    return code
 
 
 def _unguarded(command: list[str]) -> int:

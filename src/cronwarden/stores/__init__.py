@@ -21,6 +21,12 @@ def default_store_url() -> str:
     return f"sqlite:///{os.path.join(base, 'cronwarden', 'cronwarden.db')}"
 
 
+def resolve_url(flag: str | None = None, configured: str | None = None) -> str:
+    """The store to use, written once: ``--store`` > ``$CRONWARDEN_STORE`` >
+    the config file's ``store`` > the embedded default."""
+    return flag or os.environ.get("CRONWARDEN_STORE") or configured or default_store_url()
+
+
 def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
     scheme, sep, _ = url.partition("://")
     if not sep or not scheme:
