@@ -79,8 +79,8 @@ class TimedOut(LeaseLost):
 
 class NotStarted(CronwardenError):
     """A guarded start did not run the work (skipped, queued, queue full).
-    Raised by the decorator form and by ``Guard.__enter__`` when
-    ``raise_on_skip=True``; the refusal is already recorded in the ledger."""
+    Raised by ``with warden.guard(...)``; the refusal is already recorded in
+    the ledger. (``@warden.job`` returns None instead.)"""
 
     exit_code = 0
 

@@ -217,15 +217,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def jobs(self) -> list[JobInfo]: ...
 
-    # The outbox. Part of the contract like the rest, but not yet abstract:
-    # the PostgreSQL and Redis stores are implementing it (docs/sinks.md,
-    # "Store implementations"); make both abstract once they have.
+    @abc.abstractmethod
+    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]: ...
 
-    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
-        raise NotImplementedError(f"{type(self).__name__} has no outbox yet (undelivered)")
-
-    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no outbox yet (mark_delivered)")
+    @abc.abstractmethod
+    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...
