@@ -93,6 +93,21 @@ def test_finish_with_then_consumes_one_pending_start(store: Store) -> None:
     assert_one_terminal_per_start(store)
 
 
+def test_a_retried_finish_reports_the_hand_over_again_instead_of_losing_the_queued_run(store: Store) -> None:
+    # The first finish committed but its reply was lost; the caller retries.
+    lease = granted(store.acquire(start())).lease
+    refused(store.acquire(start(policy=Policy.QUEUE)))
+    then = start(policy=Policy.QUEUE)
+    first = store.finish(lease, end(), then=then)
+
+    retried = store.finish(lease, end(), then=then)
+
+    assert first.next is not None and retried.next == first.next
+    assert (retried.owned, retried.recorded) == (True, False)
+    store.finish(retried.next, end())
+    assert_one_terminal_per_start(store)
+
+
 def test_finish_with_then_and_nothing_pending_releases_and_starts_nothing(store: Store) -> None:
     lease = granted(store.acquire(start())).lease
     then = start(policy=Policy.QUEUE)

@@ -311,6 +311,12 @@ MIGRATIONS: dict[int, str] = {
         SELECT pending INTO v_pending FROM {s}.leases WHERE key = p_key AND owner = p_run_id FOR UPDATE;
         out_owned := FOUND;
         IF NOT out_owned THEN
+            -- A retried finish whose first try (reply lost) handed the lease
+            -- to the queued run: report that hand-over again, not lose it.
+            IF p_then_run_id IS NOT NULL THEN
+                SELECT token INTO out_next_token FROM {s}.leases WHERE key = p_key AND owner = p_then_run_id;
+                out_owned := FOUND;
+            END IF;
             RETURN;
         END IF;
         IF p_side THEN

@@ -347,7 +347,12 @@ local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job'
 -- While a run is open its lease names it: abandonment, hand-over and
 -- release all close the run in the same step that changes the owner.
 -- So a run that does not own its lease has its terminal record already.
-if h[1] ~= run_id then return {0, 0} end
+if h[1] ~= run_id then
+  -- A retried finish whose first try (reply lost) handed the lease to the
+  -- queued run: report that hand-over again instead of losing the run.
+  if ARGV[2] and h[1] == split(ARGV[2])[1] then return {1, 0, h[2]} end
+  return {0, 0}
+end
 local recorded = 0
 if redis.call('HDEL', KEYS[3], run_id) == 1 then
   redis.call('HSET', KEYS[4], run_id, run_record(h[5] or job, a[3], h[6] or '?', h[7] or '0', h[2],

@@ -468,6 +468,14 @@ class SqliteStore(Store):
                 "SELECT pending FROM leases WHERE key = ? AND owner = ?", (lease.key, lease.run_id)
             ).fetchone()
             if row is None:
+                if then is not None:
+                    # A retried finish whose first try handed the lease to the
+                    # queued run: report that hand-over again, not lose it.
+                    handed = db.execute(
+                        "SELECT token FROM leases WHERE key = ? AND owner = ?", (lease.key, then.run_id)
+                    ).fetchone()
+                    if handed is not None:
+                        return Finished(owned=True, recorded=recorded, next=_lease(then, handed[0]))
                 return Finished(owned=False, recorded=recorded)
             if "+" in lease.key and lease.key.endswith("+" + lease.run_id):
                 db.execute("DELETE FROM leases WHERE key = ?", (lease.key,))  # allow's side lease
