@@ -553,7 +553,13 @@ class PostgresStore(Store):
             raise StoreUrlError(url or conninfo, _one_line(e)) from None
         params.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
         params.setdefault("application_name", "cronwarden")
-        ours = f"-c statement_timeout={_ms(statement_timeout)} -c lock_timeout={_ms(lock_timeout)}"
+        # synchronous_commit=on whatever the database or role says: a grant
+        # acknowledged but lost in a crash would hand its fencing token out
+        # again (G2). Replication to an async standby is documented as a limit.
+        ours = (
+            f"-c statement_timeout={_ms(statement_timeout)} -c lock_timeout={_ms(lock_timeout)} "
+            "-c synchronous_commit=on"
+        )
         params["options"] = f"{ours} {params['options']}" if params.get("options") else ours
         self._conninfo = psycopg.conninfo.make_conninfo("", **params)
         host = str(params.get("host") or params.get("hostaddr") or "localhost")
