@@ -508,3 +508,11 @@ class socket_port:
 
     def __exit__(self, *exc: object) -> None:
         self._sock.close()
+
+
+def test_libpq_options_in_the_url_reach_the_server(shared: str) -> None:
+    store = open_store(shared + "&options=-c%20work_mem%3D8MB")
+    try:
+        assert store._call(lambda c: c.execute("SHOW work_mem").fetchone()) == ("8MB",)  # type: ignore[attr-defined]
+    finally:
+        store.close()

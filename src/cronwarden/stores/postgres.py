@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -610,7 +610,9 @@ class PostgresStore(Store):
             lock_timeout = parse_positive_duration(ours.get("lock_timeout", "2s"), what="lock_timeout")
         except UsageError as e:
             raise StoreUrlError(url, str(e)) from None
-        conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq_params), ""))
+        # quote, not quote_plus: libpq reads a '+' in options literally.
+        query = urlencode(libpq_params, quote_via=quote)
+        conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, query, ""))
         return cls(
             conninfo,
             schema=schema,
