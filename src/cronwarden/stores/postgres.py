@@ -611,8 +611,8 @@ class PostgresStore(Store):
         except UsageError as e:
             raise StoreUrlError(url, str(e)) from None
         # quote, not quote_plus: libpq reads a '+' in options literally.
-        query = urlencode(libpq_params, quote_via=quote)
-        conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, query, ""))
+        libpq_query = urlencode(libpq_params, quote_via=quote)
+        conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, libpq_query, ""))
         return cls(
             conninfo,
             schema=schema,
