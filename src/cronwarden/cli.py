@@ -46,6 +46,16 @@ class Parser(argparse.ArgumentParser):
                          f"(see {self.prog} --help)")  # fmt: skip
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's formatter, told the terminal width: left to itself it imports
+    shutil (and with it bz2, lzma) on every parser, on the wrapper's hot path."""
+    try:
+        width = os.get_terminal_size().columns - 2
+    except OSError:
+        width = 78
+    return argparse.RawDescriptionHelpFormatter(prog, width=max(40, width))
+
+
 def duration(what: str) -> Callable[[str], float]:
     """An argparse ``type`` for a positive duration flag."""
 
@@ -86,7 +96,7 @@ def _entry(name: str, what: str) -> Callable[..., Any]:
 
 def command_parser(name: str) -> Parser:
     p = Parser(prog=f"cronwarden {name}", description=COMMANDS[name][1],
-               formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+               formatter_class=_formatter)  # fmt: skip
     _entry(name, "configure")(p)
     return p
 
