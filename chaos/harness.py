@@ -33,7 +33,7 @@ from chaos.faults import KILLS, PAUSES, Backend, Fault, Injection, parent_of, si
 from chaos.referee import Referee
 from cronwarden.events import Event, EventKind, Outcome, RunRecord
 from cronwarden.guard import Options
-from cronwarden.lease import BELIEF, renew_interval
+from cronwarden.lease import belief, renew_interval
 from cronwarden.stores import open_store
 from cronwarden.stores.base import EventQuery, Store
 
@@ -518,7 +518,7 @@ class Round:
     def _after_short_pause(self, inj: Injection, h: History) -> None:
         """A 0.5×ttl pause should not cost the lease. When it does, say whether
         the pause ended before the supervisor's stop threshold (last renewal
-        + 0.9×ttl − kill grace): after it, stopping is the design; before it,
+        + belief(ttl) − kill grace): after it, stopping is the design; before it,
         it is a bug. The watcher's last reading before the pause dates the
         last renewal no later than it happened, so "within" is certain."""
         r, ttl = self.result, self.cfg.ttl
@@ -527,7 +527,7 @@ class Round:
             r.lease_kept += 1
             return
         r.lease_lost += 1
-        stop_after = BELIEF - Options(ttl=ttl).kill_grace / ttl
+        stop_after = (belief(ttl) - Options(ttl=ttl).kill_grace) / ttl
         renewed = self._last_renewal(inj.target_run, inj.at)
         if renewed is None or inj.resumed is None:
             r.expectations.append(f"0.5×ttl pause of {inj.target_run}: recorded {outcome} (no renewal seen)")

@@ -29,7 +29,7 @@ from cronwarden.errors import (
     UsageError,
 )
 from cronwarden.events import Outcome, new_id
-from cronwarden.lease import BELIEF, Heartbeat, Lease
+from cronwarden.lease import Heartbeat, Lease, belief
 from cronwarden.policy import Policy
 from cronwarden.stores.base import End, Finished, Granted, Holder, Refusal, Refused, Start, Store
 
@@ -78,9 +78,9 @@ class Options(_OptionFields):
     def _check(self) -> None:
         if not self.ttl > 0:
             raise UsageError(f"ttl must be greater than zero, got {self.ttl:g}s")
-        # The belief lasts BELIEF * ttl from the last renewal; the work is
+        # The belief lasts belief(ttl) from the last renewal; the work is
         # stopped kill_grace before that. Leave room for two renewal attempts.
-        longest = (BELIEF * self.ttl - self.kill_grace) / 2
+        longest = (belief(self.ttl) - self.kill_grace) / 2
         if self.renew_every is not None and not 0 < self.renew_every <= longest:
             raise UsageError(
                 f"renew interval must be greater than zero and at most {longest:g}s for a "

@@ -1,11 +1,12 @@
 """The lease a run holds, and the heartbeat that keeps it (G3).
 
-A holder believes it owns its lease only until ``t_sent + ttl * BELIEF``,
+A holder believes it owns its lease only until ``t_sent + belief(ttl)``,
 where ``t_sent`` is this process's monotonic time taken *before* the last
 successful renewal was sent. The store's clock may be ahead of ours by the
 request's latency, never behind; starting the count before sending makes our
-belief end no later than the store's expiry. The remaining tenth of the ttl
-is the margin for clock rate differences and for stopping the work.
+belief end no later than the store's expiry. The rest of the ttl,
+``margin(ttl)``, absorbs clock-rate differences and a late wake-up of a
+process on a busy host.
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from typing import NamedTuple
 from cronwarden.clock import Clock
 from cronwarden.errors import CronwardenError, LeaseLost, TimedOut
 
-BELIEF = 0.9
-"""Fraction of the ttl a holder trusts a renewal for."""
+
+def margin(ttl: float) -> float:
+    """The part of the ttl a holder does not trust: a tenth, but at least a
+    quarter second where the ttl allows (short ttls on a loaded host wake up
+    late by that much; measured by the chaos harness)."""
+    return max(ttl * 0.1, min(0.25, ttl * 0.3))
+
+
+def belief(ttl: float) -> float:
+    """How long after sending a successful renewal the holder trusts it."""
+    return ttl - margin(ttl)
 
 
 class Lease(NamedTuple):
@@ -64,7 +74,7 @@ class Heartbeat:
         self.interval = renew_interval(ttl) if interval is None else interval
         self.clock = clock
         self.started_at = started_at
-        self.deadline = started_at + ttl * BELIEF
+        self.deadline = started_at + belief(ttl)
         self.lost: LeaseLost | None = None
         self.lost_event = threading.Event()
         self.on_lost = on_lost
@@ -127,7 +137,7 @@ class Heartbeat:
                     continue
                 self.renewals += 1
                 self.last_error = None
-                self.deadline = sent + self.ttl * BELIEF
+                self.deadline = sent + belief(self.ttl)
                 next_at = sent + self.interval
         except BaseException as e:  # a dead heartbeat is a lost lease, never silence
             self._declare_lost(LeaseLost(self._key, f"heartbeat thread died: {e!r}"))

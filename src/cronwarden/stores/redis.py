@@ -65,7 +65,7 @@ from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
 from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError, UsageError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
-from cronwarden.lease import BELIEF, Lease
+from cronwarden.lease import Lease, margin
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
     NEW_SINK_BACKFILL,
@@ -681,12 +681,12 @@ class RedisStore(Store):
         )
 
     def _renewer(self, ttl: float) -> redis.Redis:
-        """A client whose calls give up within the belief margin (the last
-        tenth of the ttl). A renew sent before the holder's deadline then
-        returns, on a hung or paused server too, no later than the lease can
+        """A client whose calls give up within the belief margin (the part
+        of the ttl the holder does not trust, ``lease.margin``). A renew sent
+        before the holder's deadline then returns, on a hung or paused server too, no later than the lease can
         expire server-side, so the heartbeat thread always gets control back
         in time to declare the lease lost (G3)."""
-        timeout = round(max(0.01, ttl * (1 - BELIEF)), 3)
+        timeout = round(max(0.01, margin(ttl)), 3)
         if timeout >= self._socket_timeout:
             return self._client
         with self._renewers_lock:
