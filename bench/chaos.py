@@ -98,6 +98,7 @@ def _fault_summary(rs: list[RoundResult]) -> dict[str, Any]:
         "takeover_bound_s": [r.takeover_bound for r in rs if r.takeover.values],
         "stop_margin_ttl": margin.values,
         "orphan_s": orphan.values,
+        "expectations": [e for r in rs for e in r.expectations],
     }
 
 
