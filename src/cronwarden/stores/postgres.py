@@ -48,7 +48,7 @@ from cronwarden.errors import (
     StoreUrlError,
     UsageError,
 )
-from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
+from cronwarden.events import Event, EventKind, JobInfo, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.stores.base import (
     NEW_SINK_BACKFILL,
@@ -62,6 +62,7 @@ from cronwarden.stores.base import (
     Refused,
     Start,
     Store,
+    run_from_row,
 )
 
 T = TypeVar("T")
@@ -834,15 +835,15 @@ class PostgresStore(Store):
             sql += " AND r.job = %s"
             args = (job,)
         rows = self._call(lambda c: c.execute(sql + " ORDER BY r.started_at", args).fetchall())
-        return [_run(row[:-1], expires_in=row[-1]) for row in rows]
+        return [run_from_row(row[:-1], expires_in=row[-1]) for row in rows]
 
     def runs(self, job: str, limit: int = 50) -> list[RunRecord]:
         rows = self._call(lambda c: c.execute(self._sql.runs, (job, limit)).fetchall())
-        return [_run(r) for r in rows]
+        return [run_from_row(r) for r in rows]
 
     def run(self, run_id: str) -> RunRecord | None:
         row = self._call(lambda c: c.execute(self._sql.run, (run_id,)).fetchone())
-        return None if row is None else _run(row)
+        return None if row is None else run_from_row(row)
 
     def events(self, query: EventQuery) -> list[Event]:
         where: list[str] = []
@@ -1004,22 +1005,3 @@ def _one_line(e: BaseException) -> str:
 
 def _lease(start: Start, key: str, token: int) -> Lease:
     return Lease(key=key, job=start.job, run_id=start.run_id, token=token, ttl=start.ttl)
-
-
-def _run(row: Any, expires_in: float | None = None) -> RunRecord:
-    run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome, exit_code, detail = row
-    return RunRecord(
-        run_id=run_id,
-        job=job,
-        key=key,
-        host=host,
-        pid=pid,
-        token=token,
-        slot=slot,
-        started_at=started_at,
-        ended_at=ended_at,
-        outcome=None if outcome is None else Outcome(outcome),
-        exit_code=exit_code,
-        detail=detail,
-        expires_in=expires_in,
-    )

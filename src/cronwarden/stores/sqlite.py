@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
 from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError
-from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
+from cronwarden.events import Event, EventKind, JobInfo, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
@@ -48,6 +48,7 @@ from cronwarden.stores.base import (
     Start,
     Store,
     holder_data,
+    run_from_row,
 )
 
 T = TypeVar("T")
@@ -524,7 +525,7 @@ class SqliteStore(Store):
                 left = -1.0
             else:
                 left = expires - now
-            out.append(_run(row[:-2], expires_in=left))
+            out.append(run_from_row(row[:-2], expires_in=left))
         return out
 
     def runs(self, job: str, limit: int = 50) -> list[RunRecord]:
@@ -533,11 +534,11 @@ class SqliteStore(Store):
                 "SELECT * FROM runs WHERE job = ? ORDER BY started_at DESC LIMIT ?", (job, limit)
             ).fetchall()
         )
-        return [_run(r) for r in rows]
+        return [run_from_row(r) for r in rows]
 
     def run(self, run_id: str) -> RunRecord | None:
         row = self._read(lambda db: db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone())
-        return None if row is None else _run(row)
+        return None if row is None else run_from_row(row)
 
     def events(self, query: EventQuery) -> list[Event]:
         where: list[str] = []
@@ -688,25 +689,6 @@ def _event(row: Any) -> Event:
 
 def _lease(start: Start, token: int) -> Lease:
     return Lease(key=start.key, job=start.job, run_id=start.run_id, token=token, ttl=start.ttl)
-
-
-def _run(row: Any, expires_in: float | None = None) -> RunRecord:
-    run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome, exit_code, detail = row
-    return RunRecord(
-        run_id=run_id,
-        job=job,
-        key=key,
-        host=host,
-        pid=pid,
-        token=token,
-        slot=slot,
-        started_at=started_at,
-        ended_at=ended_at,
-        outcome=None if outcome is None else Outcome(outcome),
-        exit_code=exit_code,
-        detail=detail,
-        expires_in=expires_in,
-    )
 
 
 def _store_error(path: str, e: sqlite3.Error) -> StoreError:
