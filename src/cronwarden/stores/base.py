@@ -46,6 +46,25 @@ script) and, on the network backends, one round trip:
 ``record(event)``
     Append an event to the ledger.
 
+The bare lock: a fenced lease with no ledger, one round trip per call, for
+what must not write a run per renewal (the scheduler's leader lease) and
+callers that only need a fenced mutex. Locks live in their own namespace: a
+lock named like a job's lease key is a different lease. Same G1, G2, G4.
+
+``lock(key, owner, ttl)``
+    If ``key`` is free, or expired by the store's clock, grant it to
+    ``owner`` until ``now + ttl`` and return its fencing token (greater than
+    every earlier grant of the key; the counter survives ``unlock``).
+    Otherwise return None and change nothing.
+
+``renew_lock(key, owner, ttl)``
+    Extend the expiry to ``now + ttl`` iff ``owner`` holds the key and it has
+    not expired. Returns whether it did.
+
+``unlock(key, owner)``
+    Release iff ``owner`` still holds the key (a stale unlock changes
+    nothing). Returns whether it did.
+
 The read side (``open_runs``, ``runs``, ``events``, ``jobs``) returns frozen
 records; it never changes the ledger.
 
@@ -222,6 +241,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None: ...
+
+    def lock(self, key: str, owner: str, ttl: float) -> int | None:
+        raise NotImplementedError(f"{type(self).__name__} has no bare lock yet")
+
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} has no bare lock yet")
+
+    def unlock(self, key: str, owner: str) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} has no bare lock yet")
 
     @abc.abstractmethod
     def close(self) -> None: ...
