@@ -13,10 +13,32 @@ break G2. ``?synchronous=normal`` in the URL trades that for speed on hosts
 where losing the last commits on power loss is acceptable.
 
 The outbox (schema v2) is a mark per sink plus the acknowledged events above
-it. SQLite has one writer at a time and assigns ``seq`` (AUTOINCREMENT)
-inside the write transaction, so ``seq`` order is commit order here: no event
-can appear below an acknowledged one, and the mark moves right up to the end
-of the acknowledged prefix.
+it. SQLite has one writer at a time and assigns ``seq`` inside the write
+transaction, so ``seq`` order is commit order here: no event can appear below
+an acknowledged one, and the mark moves right up to the end of the
+acknowledged prefix.
+
+Since schema v3 ``seq`` is a plain ``INTEGER PRIMARY KEY`` (the rowid), not
+AUTOINCREMENT, which wrote the ``sqlite_sequence`` page in every commit that
+appends an event. A plain rowid is ``max(seq) + 1``, so it could reuse the
+seq of a deleted *newest* event, and a sink whose mark had passed that seq
+would never see the new event. That cannot happen here, because the newest
+event cannot be deleted: the trigger ``events_keep_newest`` aborts any delete
+of the row holding ``max(seq)``. So ``max(seq)`` never decreases, every new
+seq is greater than every seq ever assigned (deleted ones were below the max
+when deleted), and a mark, which never exceeds ``max(seq)``, stays below every
+new event. The v3 migration lowers any mark above ``max(seq)`` (possible only
+if a v2 file's newest events were deleted by hand) to ``max(seq)``, so the
+same holds for files upgraded from v2. Nothing in cronwarden deletes events
+from SQLite; a retention policy must keep the newest one.
+
+Write cost per guarded run (schema v3): each commit appends one WAL page per
+b-tree it touches, and with ``synchronous=FULL`` fsyncs them. ``runs`` is a
+WITHOUT ROWID table keyed by ``run_id`` (one b-tree, not a rowid table plus a
+separate primary-key index), and ``events`` has the indexes its readers use:
+``event_id`` (unique: the outbox acknowledges by id) and ``(job, at)`` (the
+monitor's bounded window reads, ``history``). ``events(run_id=…)`` without a
+job scans the ledger; nothing on a hot path asks for it.
 """
 
 from __future__ import annotations
@@ -53,7 +75,7 @@ from cronwarden.stores.base import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE leases (
@@ -116,6 +138,61 @@ MIGRATIONS: dict[int, str] = {
         seq  INTEGER NOT NULL,
         PRIMARY KEY (sink, seq)
     ) WITHOUT ROWID;
+    """,
+    # v3: fewer pages per commit (see the module docstring), and the bare lock.
+    # The tables are rebuilt in key order, their indexes built once at the end.
+    3: """
+    CREATE TABLE locks (
+        key     TEXT PRIMARY KEY,
+        owner   TEXT,
+        token   INTEGER NOT NULL,
+        expires REAL,
+        boot_id TEXT
+    ) WITHOUT ROWID;
+    CREATE TABLE runs_v3 (
+        run_id     TEXT PRIMARY KEY,
+        job        TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        host       TEXT NOT NULL,
+        pid        INTEGER NOT NULL,
+        token      INTEGER NOT NULL,
+        slot       REAL,
+        started_at REAL NOT NULL,
+        ended_at   REAL,
+        outcome    TEXT,
+        exit_code  INTEGER,
+        detail     TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID;
+    INSERT INTO runs_v3 (run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome,
+                         exit_code, detail)
+        SELECT run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome, exit_code, detail
+        FROM runs ORDER BY run_id;
+    DROP TABLE runs;
+    ALTER TABLE runs_v3 RENAME TO runs;
+    CREATE INDEX runs_job_started ON runs (job, started_at);
+    CREATE INDEX runs_open ON runs (job, started_at) WHERE outcome IS NULL;
+    CREATE TABLE events_v3 (
+        seq      INTEGER PRIMARY KEY,
+        event_id TEXT NOT NULL UNIQUE,
+        kind     TEXT NOT NULL,
+        job      TEXT NOT NULL,
+        run_id   TEXT,
+        at       REAL NOT NULL,
+        data     TEXT NOT NULL
+    );
+    INSERT INTO events_v3 (seq, event_id, kind, job, run_id, at, data)
+        SELECT seq, event_id, kind, job, run_id, at, data FROM events ORDER BY seq;
+    DROP TABLE events;
+    ALTER TABLE events_v3 RENAME TO events;
+    CREATE INDEX events_job_at ON events (job, at);
+    CREATE TRIGGER events_keep_newest BEFORE DELETE ON events
+        WHEN old.seq = (SELECT max(seq) FROM events)
+    BEGIN
+        SELECT RAISE(ABORT, 'the newest event must not be deleted: seq numbers would be reused');
+    END;
+    UPDATE outbox_marks SET mark = (SELECT coalesce(max(seq), 0) FROM events)
+        WHERE mark > (SELECT coalesce(max(seq), 0) FROM events);
+    DELETE FROM outbox_acks WHERE seq > (SELECT coalesce(max(seq), 0) FROM events);
     """,
 }
 ACK_CHUNK = 500
@@ -240,9 +317,8 @@ class SqliteStore(Store):
                     f"{SCHEMA_VERSION}. Upgrade cronwarden"
                 )
             for v in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[v].split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in statements(MIGRATIONS[v]):
+                    db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
@@ -340,6 +416,14 @@ class SqliteStore(Store):
     def acquire(self, start: Start) -> Granted | Refused:
         now, boot = self._now()
         with self._tx() as db:
+            # The common case in one statement: the lease is new or released
+            # (no owner, so no run to abandon). Anything else reads the holder.
+            free = db.execute(
+                _GRANT_FREE, (start.key, start.job, start.run_id, now + start.ttl, boot)
+            ).fetchone()
+            if free is not None:
+                self._start_run(db, start, free[0])
+                return Granted(lease=_lease(start, free[0]))
             row = db.execute(
                 "SELECT l.owner, l.token, l.expires, l.boot_id, l.pending, r.host, r.pid, r.started_at "
                 "FROM leases l LEFT JOIN runs r ON r.run_id = l.owner WHERE l.key = ?",
@@ -446,28 +530,33 @@ class SqliteStore(Store):
 
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
         now, boot = self._now()
+        side = "+" in lease.key and lease.key.endswith("+" + lease.run_id)  # policy allow's side lease
         with self._tx() as db:
-            cur = db.execute(
+            started = db.execute(
                 "UPDATE runs SET outcome = ?, ended_at = ?, exit_code = ?, detail = ? "
-                "WHERE run_id = ? AND outcome IS NULL",
+                "WHERE run_id = ? AND outcome IS NULL RETURNING started_at",
                 (end.outcome.value, end.at, end.exit_code, end.detail, lease.run_id),
-            )
-            recorded = bool(cur.rowcount)
-            if recorded:
+            ).fetchone()
+            recorded = started is not None
+            if started is not None:
                 data: dict[str, Any] = {"exit_code": end.exit_code, "token": lease.token}
                 if end.detail:
                     data["detail"] = end.detail
                 if end.replaced_by:
                     data["replaced_by"] = end.replaced_by
-                started = db.execute(
-                    "SELECT started_at FROM runs WHERE run_id = ?", (lease.run_id,)
-                ).fetchone()
-                if started:
-                    data["duration"] = round(end.at - started[0], 6)
+                data["duration"] = round(end.at - started[0], 6)
                 self._insert_event(
                     db,
                     Event(kind=end.outcome.event, job=lease.job, run_id=lease.run_id, at=end.at, data=data),
                 )
+            if then is None and not side:
+                # The common case: release iff still ours (G1), pending or not.
+                cur = db.execute(
+                    "UPDATE leases SET owner = NULL, expires = NULL, revoked_by = NULL "
+                    "WHERE key = ? AND owner = ?",
+                    (lease.key, lease.run_id),
+                )
+                return Finished(owned=cur.rowcount == 1, recorded=recorded)
             row = db.execute(
                 "SELECT pending FROM leases WHERE key = ? AND owner = ?", (lease.key, lease.run_id)
             ).fetchone()
@@ -481,8 +570,8 @@ class SqliteStore(Store):
                     if handed is not None:
                         return Finished(owned=True, recorded=recorded, next=_lease(then, handed[0]))
                 return Finished(owned=False, recorded=recorded)
-            if "+" in lease.key and lease.key.endswith("+" + lease.run_id):
-                db.execute("DELETE FROM leases WHERE key = ?", (lease.key,))  # allow's side lease
+            if side:
+                db.execute("DELETE FROM leases WHERE key = ?", (lease.key,))
                 return Finished(owned=True, recorded=recorded)
             if then is not None and row[0] > 0:
                 db.execute(
@@ -502,6 +591,33 @@ class SqliteStore(Store):
     def record(self, event: Event) -> None:
         with self._tx() as db:
             self._insert_event(db, event)
+
+    # -- the bare lock ----------------------------------------------------
+    # One autocommit statement each: SQLite takes the write lock for the
+    # statement, so the check and the change are one atomic step.
+
+    def lock(self, key: str, owner: str, ttl: float) -> int | None:
+        now, boot = self._now()
+        rows, _ = self._statement(_LOCK, (key, owner, now, now + ttl, boot))
+        return int(rows[0][0]) if rows else None
+
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
+        now, boot = self._now()
+        return self._statement(_RENEW_LOCK, (now + ttl, key, owner, boot, now))[1] == 1
+
+    def unlock(self, key: str, owner: str) -> bool:
+        now, boot = self._now()
+        return self._statement(_UNLOCK, (key, owner, boot, now))[1] == 1
+
+    def _statement(self, sql: str, args: tuple[Any, ...]) -> tuple[list[Any], int]:
+        """One autocommit statement: its rows (read to the end, which ends
+        its transaction) and how many rows it changed."""
+        with self._lock:
+            try:
+                cur = self._db.execute(sql, args)
+                return cur.fetchall(), cur.rowcount
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
 
     # -- the read side ----------------------------------------------------
 
@@ -673,6 +789,43 @@ class SqliteStore(Store):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+_GRANT_FREE = (
+    "INSERT INTO leases (key, job, owner, token, expires, boot_id) VALUES (?1, ?2, ?3, 1, ?4, ?5) "
+    "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = token + 1, expires = excluded.expires, "
+    "boot_id = excluded.boot_id, revoked_by = NULL WHERE owner IS NULL RETURNING token"
+)
+"""Grant a lease that is new or released; no row back when it has an owner."""
+
+# The bare lock. Free: no owner, or expired by the store's clock (G4: boot
+# time plus boot id, as for leases). The token survives unlock (G2).
+_LOCK = (
+    "INSERT INTO locks (key, owner, token, expires, boot_id) VALUES (?1, ?2, 1, ?4, ?5) "
+    "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = token + 1, expires = excluded.expires, "
+    "boot_id = excluded.boot_id WHERE owner IS NULL OR boot_id IS NOT ?5 OR expires <= ?3 RETURNING token"
+)
+_RENEW_LOCK = "UPDATE locks SET expires = ?1 WHERE key = ?2 AND owner = ?3 AND boot_id = ?4 AND expires > ?5"
+# An expired lock is no longer its owner's to release: False, as on a server
+# where the key is gone; the row stays, free for the next ``lock``.
+_UNLOCK = (
+    "UPDATE locks SET owner = NULL, expires = NULL WHERE key = ?1 AND owner = ?2 AND boot_id = ?3 "
+    "AND expires > ?4"
+)
+
+
+def statements(script: str) -> Iterator[str]:
+    """The SQL statements of ``script``, one at a time (a trigger's body has
+    semicolons of its own, so splitting on ";" alone is not enough)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending.strip()
+            pending = ""
+    if pending.strip(" \n;"):
+        yield pending.strip()
 
 
 def _mark(db: sqlite3.Connection, sink: str) -> int | None:
