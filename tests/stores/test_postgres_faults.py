@@ -280,7 +280,91 @@ def test_renewal_stuck_on_a_lock_returns_within_its_bound(shared: str) -> None:
         store.renew(lease)
 
 
+def test_terminated_lock_holder_session_keeps_its_lock_and_nobody_else_gets_it(shared: str) -> None:
+    name = f"cw-locker-{uuid.uuid4().hex[:8]}"
+    with (
+        open_store(with_params(shared, application_name=name)) as store,
+        open_store(shared) as other,
+        admin(SHARED) as kill,
+    ):
+        token = store.lock("leader", "a", 30.0)
+        assert token is not None
+        terminate(kill, name)
+
+        # The lock is a row, not a session's advisory lock: it outlives the session.
+        assert other.lock("leader", "b", 30.0) is None
+        assert store.lock("leader", "c", 30.0) is None  # reconnects first, then is refused
+        assert store.renew_lock("leader", "a", 30.0)
+        terminate(kill, name)
+        assert store.unlock("leader", "a")
+        assert other.lock("leader", "b", 30.0) == token + 1
+
+
+def test_lock_call_killed_in_flight_fails_loudly_and_grants_nothing(shared: str) -> None:
+    name = f"cw-locker-{uuid.uuid4().hex[:8]}"
+    schema = shared.split("schema=")[1]
+    with (
+        open_store(shared) as holder,
+        open_store(with_params(shared, application_name=name)) as contender,
+        admin(SHARED) as kill,
+        admin(shared.split("?")[0]) as blocker,
+    ):
+        token = holder.lock("leader", "a", 0.5)
+        assert token is not None
+        # Hold the lock's row so the contender's lock() waits inside the server,
+        # past the holder's expiry; then end its session mid-call.
+        blocker.execute("BEGIN")
+        blocker.execute(f'SELECT * FROM "{schema}".locks WHERE key = %s FOR UPDATE', ("leader",))
+        failure: list[BaseException] = []
+        got: list[int | None] = []
+
+        def take() -> None:
+            try:
+                got.append(contender.lock("leader", "b", 30.0))
+            except BaseException as e:
+                failure.append(e)
+
+        taker = threading.Thread(target=take)
+        taker.start()
+        wait_for(
+            "the lock() to wait on the row lock",
+            lambda: bool(
+                kill.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                    (name,),
+                ).fetchone()
+            ),
+            timeout=5,
+        )
+        time.sleep(0.6)  # the holder's lock expires while the contender waits
+        terminate(kill, name)
+        taker.join(timeout=10)
+        blocker.execute("ROLLBACK")
+
+        assert got == [] and len(failure) == 1 and isinstance(failure[0], StoreUnavailable), (got, failure)
+        # The killed statement granted nothing: the next grant is the very next token.
+        assert holder.renew_lock("leader", "a", 30.0) is False
+        assert contender.lock("leader", "b", 30.0) == token + 1
+        assert holder.lock("leader", "a", 30.0) is None
+
+
 # -- the server restarts or freezes (private instance) ----------------------
+
+
+def test_lock_and_its_fencing_counter_survive_a_server_restart(
+    private: PrivatePostgres, private_url: str
+) -> None:
+    with open_store(private_url) as store:
+        first = store.lock("leader", "a", 60.0)
+        assert first is not None and store.unlock("leader", "a")
+        token = store.lock("leader", "b", 60.0)
+        assert token == first + 1
+        private.stop(mode="immediate")
+        private.start()
+        with open_store(private_url) as other:
+            assert other.lock("leader", "c", 60.0) is None, "the lock outlives the restart"
+        assert store.unlock("leader", "b")  # the old store reconnects
+        assert store.lock("leader", "c", 60.0) == token + 1
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])

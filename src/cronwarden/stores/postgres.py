@@ -79,7 +79,7 @@ SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 MIGRATION_LOCK = 0x63770001
 """First key of the transaction-level advisory lock that serialises migrations."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE {s}.leases (
@@ -439,6 +439,16 @@ MIGRATIONS: dict[int, str] = {
             DELETE FROM {s}.outbox_acks WHERE sink = p_sink AND seq <= v_new;
         END IF;
     END $$;
+    """,
+    3: """
+    -- The bare lock (Store.lock): a fenced lease with no ledger, apart from
+    -- job leases. A row is never deleted, so its token keeps counting (G2).
+    CREATE TABLE {s}.locks (
+        key     text PRIMARY KEY,
+        owner   text,
+        token   bigint NOT NULL,
+        expires timestamptz
+    );
     """,
 }
 
@@ -822,6 +832,20 @@ class PostgresStore(Store):
             nxt = Lease(key=then.key, job=then.job, run_id=then.run_id, token=next_token, ttl=then.ttl)
         return Finished(owned=owned, recorded=recorded, next=nxt)
 
+    # -- the bare lock ------------------------------------------------------
+
+    def lock(self, key: str, owner: str, ttl: float) -> int | None:
+        row = self._call(lambda c: c.execute(self._sql.lock, (key, owner, ttl, ttl)).fetchone())
+        return None if row is None else int(row[0])
+
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
+        # Bounded like renew: a leader's renewal loop retries until its deadline.
+        bound = min(self._call_timeout, max(0.5, ttl / 10))
+        return self._call(lambda c: c.execute(self._sql.renew_lock, (ttl, key, owner)).rowcount == 1, bound)
+
+    def unlock(self, key: str, owner: str) -> bool:
+        return self._call(lambda c: c.execute(self._sql.unlock, (key, owner)).rowcount == 1)
+
     def record(self, event: Event) -> None:
         args = (event.event_id, event.kind.value, event.job, event.run_id, event.at, _json(dict(event.data)))
         self._call(lambda c: c.execute(self._sql.record, args))
@@ -943,6 +967,25 @@ class _Statements:
             "WHERE key = %s AND owner = %s AND expires > clock_timestamp() AND revoked_by IS NULL"
         )
         self.lease_owner = f"SELECT owner, revoked_by FROM {s}.leases WHERE key = %s"
+        # The expiry in SET is read after the row is locked (excluded's was
+        # read before any wait), like the judgement in WHERE (G4).
+        self.lock = (
+            f"INSERT INTO {s}.locks AS l (key, owner, token, expires) "
+            "VALUES (%s, %s, 1, clock_timestamp() + make_interval(secs => %s::float8)) "
+            "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = l.token + 1, "
+            "expires = clock_timestamp() + make_interval(secs => %s::float8) "
+            "WHERE l.owner IS NULL OR l.expires <= clock_timestamp() RETURNING token"
+        )
+        self.renew_lock = (
+            f"UPDATE {s}.locks SET expires = clock_timestamp() + make_interval(secs => %s::float8) "
+            "WHERE key = %s AND owner = %s AND expires > clock_timestamp()"
+        )
+        # An expired lock is no longer held (as with Redis's PX), so its
+        # owner's unlock is stale: False, and the row stays as it is.
+        self.unlock = (
+            f"UPDATE {s}.locks SET owner = NULL, expires = NULL "
+            "WHERE key = %s AND owner = %s AND expires > clock_timestamp()"
+        )
         self.record = (
             f"INSERT INTO {s}.events (event_id, kind, job, run_id, at, data) "
             "VALUES (%s, %s, %s, %s, %s::float8, %s::jsonb)"
