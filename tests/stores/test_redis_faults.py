@@ -160,6 +160,70 @@ def test_tokens_after_restoring_an_older_snapshot_exceed_every_earlier_token(ser
     admin.close()
 
 
+def test_lock_tokens_after_a_restart_without_persistence_exceed_every_earlier_token(
+    server: RedisServer,
+) -> None:
+    with open_store(server.url()) as store:
+        before = []
+        for i in range(50):
+            token = store.lock("leader", f"owner-{i}", LONG_TTL)
+            assert token is not None
+            before.append(token)
+            assert store.unlock("leader", f"owner-{i}")
+        held = store.lock("held", "holder", LONG_TTL)
+        assert held is not None
+        before.append(held)
+
+        server.restart()
+
+        # The same store object, on a new connection to a new server process.
+        after = [store.lock(key, "new-owner", LONG_TTL) for key in ("leader", "held", "never-taken")]
+        assert all(token is not None for token in after)
+        assert min(token or 0 for token in after) > max(before)
+        # Within the new server's lifetime the counter goes on one by one.
+        assert store.unlock("leader", "new-owner")
+        assert store.lock("leader", "next", LONG_TTL) == (after[0] or 0) + 1
+        # The holder from before the restart holds nothing any more.
+        assert store.renew_lock("held", "holder", LONG_TTL) is False
+        assert store.unlock("held", "holder") is False
+
+
+def test_lock_tokens_after_restoring_an_older_snapshot_exceed_every_earlier_token(
+    server: RedisServer,
+) -> None:
+    admin = server.admin()
+    with open_store(server.url()) as store:
+        assert store.lock("leader", "a", LONG_TTL) is not None
+        assert store.unlock("leader", "a")
+        admin.save()  # the snapshot the server will come back with: a stale counter
+        newer = []
+        for i in range(20):
+            token = store.lock("leader", f"owner-{i}", LONG_TTL)
+            assert token is not None
+            newer.append(token)
+            assert store.unlock("leader", f"owner-{i}")
+
+        server.kill()  # no shutdown save: the restart loads the older snapshot
+        server.start()
+
+        again = store.lock("leader", "after", LONG_TTL)
+        assert again is not None and again > max(newer)
+    admin.close()
+
+
+def test_lock_writes_nothing_but_its_own_two_keys(server: RedisServer) -> None:
+    admin = server.admin()
+    with open_store(server.url(prefix="cw_lock:")) as store:
+        assert store.lock("leader", "a", LONG_TTL) is not None
+        assert store.renew_lock("leader", "a", LONG_TTL)
+        assert store.unlock("leader", "a")
+        assert sorted(admin.keys("*")) == ["cw_lock:lock-token:leader"]
+        assert store.lock("leader", "b", LONG_TTL) is not None
+        assert sorted(admin.keys("*")) == ["cw_lock:lock-token:leader", "cw_lock:lock:leader"]
+        assert 0 < admin.pttl("cw_lock:lock:leader") <= LONG_TTL * 1000
+    admin.close()
+
+
 # -- G3: a killed connection, a paused server ------------------------------
 
 
@@ -334,6 +398,32 @@ def test_retention_keeps_the_newest_runs_and_events_per_job_and_every_open_run(s
         assert sorted(e.event_id for e in by_kind) == sorted(e.event_id for e in everything)
         assert store.events(EventQuery(run_id=finished[0], limit=10)) == []
         store.finish(still_open, end())
+
+
+def test_retention_is_checked_every_few_events_and_stays_within_limit_plus_that(shared_url: str) -> None:
+    # 64 per job: checked every 64 / 8 = 8 events of the job, trimmed to 56.
+    url = f"{shared_url}&runs_per_job=64&events_per_job=64"
+    with open_store(url) as store:
+        most = 0
+        for _ in range(100):
+            lease = granted(store.acquire(start("chatty"))).lease
+            store.finish(lease, end())
+            most = max(most, len(store.events(EventQuery(job="chatty", limit=1000))))
+        assert 64 <= most <= 64 + 8
+        assert len(store.runs("chatty", limit=1000)) <= 64 + 8
+
+
+def test_jobs_listed_by_the_earlier_key_layout_stay_visible(shared_url: str) -> None:
+    # Earlier versions listed jobs with a ledger in a set, `jobs:ev`; this one
+    # keeps a counter per job in `jobs:n`, and reads both.
+    prefix = shared_url.split("prefix=", 1)[1]
+    with open_store(shared_url) as store:
+        store.record(Event(kind=EventKind.SKIPPED, job="old", at=time.time()))
+        client = redis.Redis.from_url(SHARED)
+        client.hdel(f"{prefix}jobs:n", "old")
+        client.sadd(f"{prefix}jobs:ev", "old")
+        client.close()
+        assert [e.job for e in store.events(EventQuery(limit=10))] == ["old"]
 
 
 def test_a_lost_lease_record_still_gets_a_larger_token(shared_url: str) -> None:

@@ -34,10 +34,12 @@ expiry: only the server's clock decides (G4).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -45,16 +47,17 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.client import Pipeline
-from redis.commands.core import Script
 from redis.exceptions import (
     AuthenticationError,
     AuthenticationWrongNumberOfArgsError,
     AuthorizationError,
     ClusterDownError,
     NoPermissionError,
+    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
+    ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -113,6 +116,9 @@ local RUNS_MAX, EVENTS_MAX = tonumber('{runs_max}'), tonumber('{events_max}')
 -- Trim in batches, so that most calls only count.
 local RUNS_BATCH = math.min(32, math.floor(RUNS_MAX / 8))
 local EVENTS_BATCH = math.min(32, math.floor(EVENTS_MAX / 8))
+-- Retention is checked every CHECK events of a job: the limits are exceeded
+-- by at most that many between checks (exact when a limit is below 8).
+local CHECK = math.max(1, math.min(EVENTS_BATCH, RUNS_BATCH))
 
 local function jstr(s) return cjson.encode(s) end
 
@@ -139,33 +145,6 @@ end
 
 local function add_event(index, eid, kind, job, run_id, at, athex, data)
   EVENTS[#EVENTS + 1] = {index, eid, kind, job, run_id, at, athex, data}
-end
-
--- evk: event records hash (its field 'seq' is the counter); runk: run id index.
-local function flush(evk, runk)
-  local n = #EVENTS
-  if n > 0 then
-    local last = redis.call('HINCRBY', evk, 'seq', n)
-    local records, byrun = {}, {}
-    for i, e in ipairs(EVENTS) do
-      local index, eid, kind, job, run_id, at, athex, data = e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8]
-      local seq = string.format('%012d', last - n + i)
-      local r = 'null'
-      if run_id then
-        r = jstr(run_id)
-        byrun[#byrun + 1] = 0
-        byrun[#byrun + 1] = run_id .. '|' .. seq
-      end
-      records[#records + 1] = seq
-      records[#records + 1] = '{"i":' .. jstr(eid) .. ',"k":"' .. kind .. '","j":' .. jstr(job)
-        .. ',"r":' .. r .. ',"a":' .. at .. ',"d":' .. data .. '}'
-      add_member(index, '@|' .. athex .. '|' .. seq .. '|' .. kind .. '|' .. (run_id or ''))
-      add_member(index, kind .. '|' .. athex .. '|' .. seq)
-    end
-    redis.call('HSET', evk, unpack(records))
-    if #byrun > 0 then redis.call('ZADD', runk, unpack(byrun)) end
-  end
-  for index, list in pairs(MEMBERS) do redis.call('ZADD', index, unpack(list)) end
 end
 
 -- Retention is per job, so every key trimmed is one the call declared.
@@ -210,6 +189,46 @@ local function trim_runs(index, runsk)
   end
 end
 
+-- Flushes the collected writes: evk event records hash (its field 'seq' is the
+-- counter), runk run id index, jobsk jobs -> events written (a counter per
+-- job), runsk finished runs. Retention is checked when a job's counter
+-- crosses a multiple of CHECK, so most calls only count (see trim_*).
+local function flush(evk, runk, jobsk, runsk)
+  local n = #EVENTS
+  local per_job = {}
+  if n > 0 then
+    local last = redis.call('HINCRBY', evk, 'seq', n)
+    local records, byrun = {}, {}
+    for i, e in ipairs(EVENTS) do
+      local index, eid, kind, job, run_id, at, athex, data = e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8]
+      local seq = string.format('%012d', last - n + i)
+      local r = 'null'
+      if run_id then
+        r = jstr(run_id)
+        byrun[#byrun + 1] = 0
+        byrun[#byrun + 1] = run_id .. '|' .. seq
+      end
+      records[#records + 1] = seq
+      records[#records + 1] = '{"i":' .. jstr(eid) .. ',"k":"' .. kind .. '","j":' .. jstr(job)
+        .. ',"r":' .. r .. ',"a":' .. at .. ',"d":' .. data .. '}'
+      add_member(index, '@|' .. athex .. '|' .. seq .. '|' .. kind .. '|' .. (run_id or ''))
+      add_member(index, kind .. '|' .. athex .. '|' .. seq)
+      local c = per_job[job]
+      if c then c[2] = c[2] + 1 else per_job[job] = {index, 1} end
+    end
+    redis.call('HSET', evk, unpack(records))
+    if #byrun > 0 then redis.call('ZADD', runk, unpack(byrun)) end
+  end
+  for index, list in pairs(MEMBERS) do redis.call('ZADD', index, unpack(list)) end
+  for job, c in pairs(per_job) do
+    local total = redis.call('HINCRBY', jobsk, job, c[2])
+    if math.floor(total / CHECK) ~= math.floor((total - c[2]) / CHECK) then
+      trim_runs(c[1], runsk)
+      trim_events(c[1], evk, runk)
+    end
+  end
+end
+
 local function read_start(a, i)
   return {run_id = a[i], job = a[i + 1], key = a[i + 2], host = a[i + 3], pid = a[i + 4], ttl_ms = a[i + 5],
     ttl = a[i + 6], at = a[i + 7], athex = a[i + 8], slot = a[i + 9], eid = a[i + 10]}
@@ -234,9 +253,9 @@ local function start_run(lk, livek, openk, index, s, ts, extra)
     .. ',"ttl":' .. s.ttl .. '}')
 end
 
--- The fencing rule of the module docstring.
-local function grant(lk, livek, openk, index, old_token, old_srv, s)
-  local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+-- The fencing rule of the module docstring. srv: the run id of the server
+-- process executing this script (the client learns it once per connection).
+local function grant(lk, livek, openk, index, old_token, old_srv, srv, s)
   local ms, t = now_ms()
   local token
   if old_token then token = tonumber(old_token) + 1 end
@@ -254,8 +273,9 @@ _ACQUIRE = (
     _COMMON
     + r"""
 -- KEYS: 1 lease, 2 live, 3 open runs, 4 finished runs, 5 job index, 6 event records,
---       7 run id index, 8 jobs with a ledger, and for policy allow: 9 side lease, 10 side live
+--       7 run id index, 8 jobs -> events written, and for policy allow: 9 side lease, 10 side live
 -- ARGV[1] packed: 1-11 start, 12 policy, 13 max_pending, 14 a second event id, 15 side key
+-- ARGV[2]: the server's run id
 local a = split(ARGV[1])
 local s = read_start(a, 1)
 local policy, eid2 = a[12], a[14]
@@ -264,7 +284,6 @@ local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job'
 local owner = h[1]
 local live = false
 if owner then live = redis.call('GET', KEYS[2]) == owner end
-redis.call('SADD', KEYS[8], s.job)
 
 if not live then
   local abandoned = ''
@@ -278,10 +297,8 @@ if not live then
       '{"found_by":' .. jstr(s.run_id) .. '}')
     abandoned = owner
   end
-  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[5], h[2], h[3], s)
-  flush(KEYS[6], KEYS[7])
-  trim_runs(KEYS[5], KEYS[4])
-  trim_events(KEYS[5], KEYS[6], KEYS[7])
+  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[5], h[2], h[3], ARGV[2], s)
+  flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {'G', ts, abandoned}
 end
 
@@ -307,9 +324,7 @@ if policy == 'allow' then
   start_run(KEYS[9], KEYS[10], KEYS[3], KEYS[5], side, '1',
     {'exp', string.format('%d', ms + tonumber(s.ttl_ms))})
   add_event(KEYS[5], eid2, 'overlap', s.job, s.run_id, s.at, s.athex, data .. '}')
-  flush(KEYS[6], KEYS[7])
-  trim_runs(KEYS[5], KEYS[4])
-  trim_events(KEYS[5], KEYS[6], KEYS[7])
+  flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {'O', '1', owner, hhost, hpid, hstarted, htoken, pttl}
 end
 
@@ -326,8 +341,7 @@ if policy == 'queue' then
   end
 end
 add_event(KEYS[5], eid2, kind, s.job, s.run_id, s.at, s.athex, data .. '}')
-flush(KEYS[6], KEYS[7])
-trim_events(KEYS[5], KEYS[6], KEYS[7])
+flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
 return {'R', kind, owner, hhost, hpid, hstarted, htoken, pttl}
 """
 )
@@ -336,10 +350,10 @@ _FINISH = (
     _COMMON
     + r"""
 -- KEYS: 1 lease, 2 live, 3 open runs, 4 finished runs, 5 job index, 6 event records,
---       7 run id index, and with then: 8 then's job index, 9 jobs with a ledger
+--       7 run id index, 8 jobs -> events written, and with then: 9 then's job index
 -- ARGV[1] packed: 1 run id, 2 job, 3 key, 4 outcome, 5 end of the run record, 6 at, 7 athex,
 --                 8 event data without its closing brace, 9 event id, 10 side lease?
--- ARGV[2] packed: then's start (optional)
+-- With then: ARGV[2] the server's run id, ARGV[3] packed: then's start
 local a = split(ARGV[1])
 local run_id, job, at = a[1], a[2], a[6]
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job', 'host', 'pid', 'started',
@@ -350,7 +364,7 @@ local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job'
 if h[1] ~= run_id then
   -- A retried finish whose first try (reply lost) handed the lease to the
   -- queued run: report that hand-over again instead of losing the run.
-  if ARGV[2] and h[1] == split(ARGV[2])[1] then return {1, 0, h[2]} end
+  if ARGV[3] and h[1] == split(ARGV[3])[1] then return {1, 0, h[2]} end
   return {0, 0}
 end
 local recorded = 0
@@ -363,25 +377,19 @@ if redis.call('HDEL', KEYS[3], run_id) == 1 then
 end
 if a[10] == '1' then
   redis.call('DEL', KEYS[1], KEYS[2])
-  flush(KEYS[6], KEYS[7])
-  trim_events(KEYS[5], KEYS[6], KEYS[7])
+  flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {1, recorded}
 end
-if ARGV[2] and tonumber(h[4] or '0') > 0 then
-  local s = read_start(split(ARGV[2]), 1)
+if ARGV[3] and tonumber(h[4] or '0') > 0 then
+  local s = read_start(split(ARGV[3]), 1)
   redis.call('HINCRBY', KEYS[1], 'pending', -1)
-  redis.call('SADD', KEYS[9], s.job)
-  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[8], h[2], h[3], s)
-  flush(KEYS[6], KEYS[7])
-  trim_events(KEYS[5], KEYS[6], KEYS[7])
-  trim_runs(KEYS[8], KEYS[4])
-  if KEYS[8] ~= KEYS[5] then trim_events(KEYS[8], KEYS[6], KEYS[7]) end
+  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[9], h[2], h[3], ARGV[2], s)
+  flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {1, recorded, ts}
 end
 redis.call('HDEL', KEYS[1], 'owner', 'revoked_by')
 redis.call('DEL', KEYS[2])
-flush(KEYS[6], KEYS[7])
-trim_events(KEYS[5], KEYS[6], KEYS[7])
+flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
 return {1, recorded}
 """
 )
@@ -401,15 +409,13 @@ return {'ok'}
 _RECORD = (
     _COMMON
     + r"""
--- KEYS: 1 job index, 2 event records, 3 run id index, 4 jobs with a ledger
+-- KEYS: 1 job index, 2 event records, 3 run id index, 4 jobs -> events written, 5 finished runs
 -- ARGV[1] packed: 1 event id, 2 kind, 3 job, 4 run id, 5 has run id, 6 at, 7 athex. ARGV[2]: data
 local a = split(ARGV[1])
 local run_id = false
 if a[5] == '1' then run_id = a[4] end
-redis.call('SADD', KEYS[4], a[3])
 add_event(KEYS[1], a[1], a[2], a[3], run_id, a[6], a[7], ARGV[2])
-flush(KEYS[2], KEYS[3])
-trim_events(KEYS[1], KEYS[2], KEYS[3])
+flush(KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return 1
 """
 )
@@ -508,6 +514,53 @@ return 1
 """
 )
 
+# The bare lock (Store.lock): no ledger, so none of the above. The owner is
+# the value of a key with PX, as any Redis lock; the fencing counter is a
+# hash of server run id -> last token, so a grant under a server process
+# that has not granted this key before (a restart, a failover, a restored
+# snapshot) starts from the server's clock like a job's lease does.
+
+_LOCK = r"""
+-- KEYS: 1 the lock (owner, PX), 2 its counter. ARGV: 1 owner, 2 ttl ms, 3 the server's run id
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+local token = redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+if token == 1 then
+  -- No grant yet under this server process: one more than any other
+  -- process's counter, and at least the server's clock in microseconds.
+  local t = redis.call('TIME')
+  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
+    if tonumber(v) >= token then token = tonumber(v) + 1 end
+  end
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], ARGV[3], string.format('%d', token))
+end
+return string.format('%d', token)
+"""
+
+_RENEW_LOCK = r"""
+-- KEYS: 1 the lock. ARGV: 1 owner, 2 ttl ms
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+
+_UNLOCK = r"""
+-- KEYS: 1 the lock. ARGV: 1 owner
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+class _Lua:
+    """A script, sent by its SHA1 (``EVALSHA``), by its text on ``NOSCRIPT``."""
+
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+
 _SSL_CERT_REQS = ("none", "optional", "required")
 
 
@@ -548,20 +601,24 @@ class RedisStore(Store):
         p = prefix
         self._k_open, self._k_runs, self._k_ev, self._k_ev_run = p + "open", p + "runs", p + "ev", p + "ev:r"
         self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
+        self._k_job_counts = p + "jobs:n"
+        self._servers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
         # Retention is part of the script text (one script per setting), not
-        # an argument on every call. register_script only hashes the text;
-        # EVALSHA falls back to loading it on NOSCRIPT (first use, restart).
-        def script(text: str) -> Script:
-            text = text.replace("{runs_max}", str(runs_per_job)).replace("{events_max}", str(events_per_job))
-            return client.register_script(text)
+        # an argument on every call. Scripts are sent by EVALSHA, by EVAL on
+        # NOSCRIPT (first use, restart).
+        def script(text: str) -> _Lua:
+            return _Lua(
+                text.replace("{runs_max}", str(runs_per_job)).replace("{events_max}", str(events_per_job))
+            )
 
         self._acquire = script(_ACQUIRE)
         self._finish = script(_FINISH)
         self._renew = script(_RENEW)
         self._record = script(_RECORD)
-        self._undelivered = client.register_script(_UNDELIVERED)
-        self._mark_delivered = client.register_script(_MARK_DELIVERED)
+        self._undelivered = _Lua(_UNDELIVERED)
+        self._mark_delivered = _Lua(_MARK_DELIVERED)
+        self._lock, self._renew_lock, self._unlock = _Lua(_LOCK), _Lua(_RENEW_LOCK), _Lua(_UNLOCK)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> RedisStore:
@@ -652,11 +709,68 @@ class RedisStore(Store):
             return StoreError(f"{where} has no such database: {text}")
         return StoreError(f"{where}: {text}")
 
-    def _eval(self, script: Script, keys: list[str], args: list[str]) -> Any:
+    def _eval(
+        self,
+        script: _Lua,
+        keys: list[str],
+        args: list[str],
+        *,
+        server: int = -1,
+        client: redis.Redis | None = None,
+    ) -> Any:
+        """Run ``script`` in one round trip (two on ``NOSCRIPT``). With
+        ``server`` >= 0, the run id of the server process at the other end of
+        the connection is inserted into ``args`` there (see ``_server_id``).
+
+        This is redis-py's ``Script`` call without its per-command layers
+        (retry wrapper, response callbacks, metrics), which cost more client
+        CPU than the rest of a lock cycle; the client never retries anyway."""
         try:
-            return script(keys=keys, args=args)
+            return self._send(script, keys, args, server, client or self._client)
         except RedisError as e:
             raise self._error(e) from None
+
+    def _send(self, script: _Lua, keys: list[str], args: list[str], server: int, client: redis.Redis) -> Any:
+        pool = client.connection_pool
+        conn: Any = pool.get_connection()  # redis-py's connection methods are untyped
+        try:
+            if server >= 0:
+                args = [*args[:server], self._server_id(conn), *args[server:]]
+            try:
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return conn.read_response()
+            except NoScriptError:
+                conn.send_command("EVAL", script.text, len(keys), *keys, *args)
+                return conn.read_response()
+        except ResponseError:
+            raise  # the reply was read whole: the connection is fine
+        except BaseException:
+            # A reply may still be on its way: never hand this connection out again as is.
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    def _server_id(self, conn: Any) -> str:
+        """The ``run_id`` of the server process this connection talks to,
+        asked once per connection (``INFO server``) and forgotten when it
+        reconnects. A connection cannot outlive its server process, so this is
+        the process that will execute the script sent on it: a restart, a
+        failover or a restored snapshot shows as a different id, at the cost
+        of one ``INFO`` per connection instead of one per grant."""
+        srv = self._servers.get(conn)
+        if srv is None:
+            conn.register_connect_callback(self._forget_server)
+            conn.send_command("INFO", "server")
+            info = conn.read_response()
+            text = info.decode() if isinstance(info, bytes) else str(info)
+            at = text.find("run_id:")
+            srv = text[at + 7 :].split(None, 1)[0] if at >= 0 else ""
+            self._servers[conn] = srv
+        return srv
+
+    def _forget_server(self, conn: Any) -> None:
+        self._servers.pop(conn, None)
 
     def _index(self, job: str) -> str:
         return f"{self.prefix}job:{job}"
@@ -717,12 +831,12 @@ class RedisStore(Store):
             self._index(start.job),
             self._k_ev,
             self._k_ev_run,
-            self._k_ledger_jobs,
+            self._k_job_counts,
         ]
         if start.policy is Policy.ALLOW:  # the side lease: declared only when it may be touched
             keys += [f"{p}lease:{side}", f"{p}live:{side}"]
         packed = self._start_fields(start) + _pack(start.policy.value, str(start.max_pending), new_id(), side)
-        reply = self._eval(self._acquire, keys, [packed])
+        reply = self._eval(self._acquire, keys, [packed], server=1)
         if reply[0] == "G":
             lease = Lease(
                 key=start.key, job=start.job, run_id=start.run_id, token=int(reply[1]), ttl=start.ttl
@@ -748,12 +862,12 @@ class RedisStore(Store):
         client = self._renewer(lease.ttl)
         try:
             try:
-                reply = self._renew(keys=keys, args=args, client=client)
+                reply = self._send(self._renew, keys, args, -1, client)
             except RedisConnectionError:
                 # The connection died under us; renew is idempotent, so one
                 # more try on a fresh connection is safe. A timeout is not
                 # retried: the heartbeat must get control back.
-                reply = self._renew(keys=keys, args=args, client=client)
+                reply = self._send(self._renew, keys, args, -1, client)
         except RedisError as e:
             raise self._error(e) from None
         if reply[0] == "ok":
@@ -772,9 +886,10 @@ class RedisStore(Store):
             self._index(lease.job),
             self._k_ev,
             self._k_ev_run,
+            self._k_job_counts,
         ]
         if then is not None:
-            keys += [self._index(then.job), self._k_ledger_jobs]
+            keys.append(self._index(then.job))
         # Both JSON texts by hand: json.dumps costs more than the rest of the call.
         exit_code = "null" if end.exit_code is None else str(int(end.exit_code))
         detail = json.dumps(end.detail) if end.detail else '""'
@@ -806,12 +921,37 @@ class RedisStore(Store):
             )
         ]
         if then is not None:
-            args.append(self._start_fields(then))
-        reply = self._eval(self._finish, keys, args)
+            args.append(self._start_fields(then))  # the server's run id goes between
+        reply = self._eval(self._finish, keys, args, server=1 if then is not None else -1)
         nxt = None
         if len(reply) > 2 and then is not None:
             nxt = Lease(key=then.key, job=then.job, run_id=then.run_id, token=int(reply[2]), ttl=then.ttl)
         return Finished(owned=reply[0] == 1, recorded=reply[1] == 1, next=nxt)
+
+    # -- the bare lock ----------------------------------------------------
+
+    def _lock_key(self, key: str) -> str:
+        return f"{self.prefix}lock:{key}"
+
+    def lock(self, key: str, owner: str, ttl: float) -> int | None:
+        keys = [self._lock_key(key), f"{self.prefix}lock-token:{key}"]
+        reply = self._eval(self._lock, keys, [owner, str(_ttl_ms(ttl))], server=2)
+        return None if reply is None else int(reply)
+
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
+        client = self._renewer(ttl)
+        args = [owner, str(_ttl_ms(ttl))]
+        try:
+            try:
+                reply = self._send(self._renew_lock, [self._lock_key(key)], args, -1, client)
+            except RedisConnectionError:  # idempotent: as renew
+                reply = self._send(self._renew_lock, [self._lock_key(key)], args, -1, client)
+        except RedisError as e:
+            raise self._error(e) from None
+        return bool(reply)
+
+    def unlock(self, key: str, owner: str) -> bool:
+        return bool(self._eval(self._unlock, [self._lock_key(key)], [owner]))
 
     def record(self, event: Event) -> None:
         for text in (event.job, event.run_id or ""):
@@ -828,7 +968,7 @@ class RedisStore(Store):
             _ordhex(at),
         )
         data = json.dumps(dict(event.data), separators=(",", ":"), default=str)
-        keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_ledger_jobs]
+        keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs]
         self._eval(self._record, keys, [packed, data])
 
     # -- the read side ----------------------------------------------------
@@ -918,11 +1058,7 @@ class RedisStore(Store):
         kinds = sorted({EventKind(k).value for k in query.kinds}) if query.kinds else None
         if query.run_id is not None:
             return self._run_events(query.run_id, query, kinds, limit)
-        if query.job is not None:
-            jobs = [query.job]
-        else:
-            [members] = self._read(lambda pipe: pipe.smembers(self._k_ledger_jobs))
-            jobs = sorted(members)
+        jobs = [query.job] if query.job is not None else self._ledger_jobs()
         picks = self._picks([self._index(job) for job in jobs], kinds or ["@"], query, limit)
         if query.newest_first:
             picks.sort(key=lambda pick: (-pick[0], pick[1]))
@@ -933,6 +1069,15 @@ class RedisStore(Store):
             return []
         [raw] = self._read(lambda pipe: pipe.hmget(self._k_ev, seqs))
         return [_event(seq, rec) for seq, rec in zip(seqs, raw, strict=True) if rec is not None]
+
+    def _ledger_jobs(self) -> list[str]:
+        """Jobs with a ledger: the keys of the per-job counters, and the set
+        that earlier versions of this store kept instead (read, no longer
+        written, so that their jobs stay visible)."""
+        counted, listed = self._read(
+            lambda pipe: (pipe.hkeys(self._k_job_counts), pipe.smembers(self._k_ledger_jobs))
+        )
+        return sorted({*counted, *listed})
 
     def _run_events(self, run_id: str, query: EventQuery, kinds: list[str] | None, limit: int) -> list[Event]:
         # Members are ``run_id|seq``; a run id with "|" in it could match
@@ -1050,10 +1195,9 @@ class RedisStore(Store):
         events of that window once, per sink name; ``SET NX`` keeps the first
         registration if two race."""
         cutoff = _ordhex(self._clock.wall() - backfill)
-        jobs, top = self._read(
-            lambda pipe: (pipe.smembers(self._k_ledger_jobs), pipe.hget(self._k_ev, "seq"))
-        )
-        indexes = [self._index(job) for job in sorted(jobs)]
+        jobs = self._ledger_jobs()
+        [top] = self._read(lambda pipe: pipe.hget(self._k_ev, "seq"))
+        indexes = [self._index(job) for job in jobs]
         found = self._read(lambda pipe: [pipe.zrangebylex(i, f"[@|{cutoff}", "(@}") for i in indexes])
         seqs = [int(m.split("|", 3)[2]) for members in found for m in members]
         mark = min(seqs) - 1 if seqs else int(top or 0)
