@@ -3,9 +3,10 @@ keeps it with a heartbeat, and in every case records exactly one terminal
 outcome and releases the lease (G5, G6).
 
 The path of one run: ``Guard.__enter__`` → ``Store.acquire`` (writes
-``started``) → ``Heartbeat`` renews every ttl/3 → the work (a ``with`` body,
-a decorated function, or a child process in ``supervisor``) →
-``Guard.__exit__`` → ``Store.finish`` (terminal record + release).
+``started``) → ``Heartbeat`` renews every ttl/3 (on the warden's one
+``HeartbeatThread``) → the work (a ``with`` body, a decorated function, or a
+child process in ``supervisor``) → ``Guard.__exit__`` → ``Store.finish``
+(terminal record + release).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from cronwarden.errors import (
     UsageError,
 )
 from cronwarden.events import Outcome, new_id
-from cronwarden.lease import Heartbeat, Lease, belief
+from cronwarden.lease import Heartbeat, HeartbeatThread, Lease, belief
 from cronwarden.policy import Policy
 from cronwarden.stores.base import End, Finished, Granted, Holder, Refusal, Refused, Start, Store
 
@@ -241,6 +242,7 @@ class Guard:
             clock=self.clock,
             started_at=sent,
             stop_at=None if self.options.max_runtime is None else sent + self.options.max_runtime,
+            thread=self.warden.heartbeats,
         )
         run = Run(self, lease, hb, sent)
         hb.start(lease.key)
@@ -348,6 +350,8 @@ class Warden:
         self.clock = clock
         self.host = host or this_host()
         self.quiet = quiet
+        self.heartbeats = HeartbeatThread()
+        """One thread renews the leases of all this warden's runs."""
         if store is None or isinstance(store, str):
             from cronwarden.stores import open_store, resolve_url
 
@@ -406,6 +410,7 @@ class Warden:
             print(describe_refusal(job, refused, self.clock.wall()), file=sys.stderr)
 
     def close(self) -> None:
+        self.heartbeats.close()
         if self._owns_store:
             self.store.close()
 

@@ -11,7 +11,10 @@ process on a busy host.
 
 from __future__ import annotations
 
+import math
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -48,7 +51,7 @@ def renew_interval(ttl: float) -> float:
 
 
 class Heartbeat:
-    """Renews a lease every ``interval`` from a daemon thread.
+    """Renews one lease every ``interval``, from a ``HeartbeatThread``.
 
     ``deadline`` is the monotonic time until which the lease may be believed.
     On a definite refusal (owner mismatch, revocation) ``lost`` is set at once
@@ -56,6 +59,9 @@ class Heartbeat:
     heartbeat retries until the deadline and then sets ``lost``. Readers also
     compare ``deadline`` with the clock themselves, so a heartbeat thread that
     died or hangs in a store call still ends the belief on time.
+
+    ``thread`` is shared by the heartbeats of one ``Warden``; without one the
+    heartbeat has a thread of its own, which ends when it stops.
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class Heartbeat:
         started_at: float,
         on_lost: Callable[[LeaseLost], None] | None = None,
         stop_at: float | None = None,
+        thread: HeartbeatThread | None = None,
     ) -> None:
         self._renew = renew
         self.ttl = ttl
@@ -80,20 +87,23 @@ class Heartbeat:
         self.on_lost = on_lost
         self.stop_at = stop_at
         """Monotonic time of ``max_runtime``: the run is then declared timed out."""
-        self._stop = threading.Event()
+        self._own_thread = thread is None
+        self._thread = HeartbeatThread() if thread is None else thread
         self._key = "?"
-        self._thread = threading.Thread(target=self._loop, name="cronwarden-heartbeat", daemon=True)
+        self._next_at = started_at + self.interval
         self.renewals = 0
         self.last_error: str | None = None
 
     def start(self, key: str) -> None:
         self._key = key
-        self._thread.start()
+        self._next_at = self.clock.monotonic() + self.interval
+        self._thread.add(self)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=self.interval + 1)
+        """No renewal after this returns (one in flight is waited for)."""
+        self._thread.remove(self, wait=self.interval + 1)
+        if self._own_thread:
+            self._thread.close()
 
     def believed(self, now: float | None = None) -> bool:
         """True while the lease may still be trusted."""
@@ -107,38 +117,165 @@ class Heartbeat:
             if self.on_lost is not None:
                 self.on_lost(why)
 
-    def _loop(self) -> None:
+    def _due(self) -> float:
+        """Monotonic time of this heartbeat's next step."""
+        due = min(self._next_at, self.deadline)
+        return due if self.stop_at is None else min(due, self.stop_at)
+
+    def _step(self) -> bool:
+        """One step on the heartbeat thread when due: renew, or declare the
+        lease lost. Returns False when this heartbeat is done."""
+        now = self.clock.monotonic()
+        if self.stop_at is not None and now >= self.stop_at:
+            self._declare_lost(TimedOut(self._key, self.stop_at - self.started_at))
+            return False
+        if now >= self.deadline:
+            self._declare_lost(
+                LeaseLost(self._key, self.last_error or "no renewal succeeded before the deadline")
+            )
+            return False
+        if now < self._next_at:
+            return True
+        sent = self.clock.monotonic()
         try:
-            next_at = self.clock.monotonic() + self.interval
-            while not self._stop.is_set():
-                now = self.clock.monotonic()
-                if self.stop_at is not None and now >= self.stop_at:
-                    self._declare_lost(TimedOut(self._key, self.stop_at - self.started_at))
-                    return
-                if now >= self.deadline:
-                    why = self.last_error or "no renewal succeeded before the deadline"
-                    self._declare_lost(LeaseLost(self._key, why))
-                    return
-                wait = min(next_at, self.deadline, self.stop_at or next_at) - now
-                if wait > 0 and self._stop.wait(wait):
-                    return
-                if self.clock.monotonic() < next_at:
-                    continue
-                sent = self.clock.monotonic()
-                try:
-                    self._renew()
-                except LeaseLost as e:
-                    self._declare_lost(e)
-                    return
-                except CronwardenError as e:
-                    # Transient: retry soon, but never past the deadline.
-                    self.last_error = str(e)
-                    next_at = self.clock.monotonic() + min(self.interval, self.ttl / 10)
-                    continue
-                self.renewals += 1
-                self.last_error = None
-                self.deadline = sent + belief(self.ttl)
-                next_at = sent + self.interval
+            self._renew()
+        except LeaseLost as e:
+            self._declare_lost(e)
+            return False
+        except CronwardenError as e:
+            # Transient: retry soon, but never past the deadline.
+            self.last_error = str(e)
+            self._next_at = self.clock.monotonic() + min(self.interval, self.ttl / 10)
+            return True
+        self.renewals += 1
+        self.last_error = None
+        self.deadline = sent + belief(self.ttl)
+        self._next_at = sent + self.interval
+        return True
+
+
+class HeartbeatThread:
+    """One daemon thread that renews the leases of many heartbeats, each when
+    it is due. Adding and removing a heartbeat is a lock and a list operation;
+    starting a thread per run and joining it cost more than the run's two
+    commits on a fast disk.
+
+    The thread starts with the first heartbeat, and ends when it has had none
+    for ``idle`` seconds or is closed, so an unclosed ``Warden`` leaves no
+    thread behind for long. Renewals are one at a time: a store call that
+    hangs delays the others' renewals, but never their belief, which every
+    reader checks against the clock (``Run.lost_reason``). If the thread dies
+    (an exception other than the store's own errors), every heartbeat it
+    served is declared lost, never left silent; the next ``add`` starts a new
+    thread.
+    """
+
+    def __init__(self, *, idle: float = 30.0, name: str = "cronwarden-heartbeat") -> None:
+        self.idle = idle
+        self.name = name
+        self._reset()
+
+    def _reset(self) -> None:
+        lock = threading.Lock()
+        self._wake = threading.Condition(lock)
+        """Wakes the thread: a heartbeat due sooner than it planned to wake."""
+        self._done = threading.Condition(lock)
+        """Wakes ``remove`` waiting for a renewal in flight."""
+        self._beats: list[Heartbeat] = []
+        self._current: Heartbeat | None = None
+        self._thread: threading.Thread | None = None
+        self._wake_at = math.inf
+        """Real monotonic time the thread will wake at; -inf while it is awake."""
+        self._shortest = math.inf
+        """The shortest renew interval served: the idle thread wakes that often,
+        so a new heartbeat is never due before the thread wakes and ``add``
+        need not wake it (a wake-up costs a thread switch, ~0.1-2 ms here)."""
+        self._closed = False
+        self._busy_at = time.monotonic()
+        """The last time the thread had a heartbeat: it ends ``idle`` seconds later."""
+        self._pid = os.getpid()
+
+    def add(self, beat: Heartbeat) -> None:
+        if self._pid != os.getpid():
+            self._reset()  # forked: the thread and the heartbeats were the parent's
+        now = time.monotonic()
+        wake = now + beat._due() - beat.clock.monotonic()
+        with self._wake:
+            self._busy_at = now
+            self._closed = False
+            self._beats.append(beat)
+            self._shortest = min(self._shortest, beat.interval)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._wake_at = -math.inf
+                self._thread.start()
+            elif wake < self._wake_at:
+                self._wake.notify()
+
+    def remove(self, beat: Heartbeat, *, wait: float) -> None:
+        """Stop renewing ``beat``; if its renewal is in flight, wait for it
+        (at most ``wait`` seconds; not when called from the thread itself)."""
+        give_up = time.monotonic() + wait
+        with self._wake:
+            if beat in self._beats:
+                self._beats.remove(beat)
+            if self._thread is threading.current_thread():
+                return
+            while self._current is beat and (left := give_up - time.monotonic()) > 0:
+                self._done.wait(left)
+
+    def close(self) -> None:
+        """End the thread once it has no heartbeats left."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    def _next(self) -> tuple[Heartbeat | None, float]:
+        """The heartbeat due now, or None and how long to sleep (real seconds)."""
+        sleep = math.inf
+        for beat in self._beats:
+            left = beat._due() - beat.clock.monotonic()
+            if left <= 0:
+                return beat, 0.0
+            sleep = min(sleep, left)
+        return None, sleep
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        try:
+            while True:
+                with self._wake:
+                    beat, sleep = self._next()
+                    if beat is None:
+                        now = time.monotonic()
+                        if self._beats:
+                            self._busy_at = now
+                        elif self._closed or now - self._busy_at >= self.idle:
+                            self._thread = None
+                            return
+                        else:
+                            sleep = min(self._busy_at + self.idle - now, self._shortest)
+                        self._wake_at = now + sleep
+                        self._wake.wait(sleep)
+                        self._wake_at = -math.inf
+                        continue
+                    self._current = beat
+                going = beat._step()  # if it raises, the handler below still sees it as current
+                with self._wake:
+                    self._current = None
+                    if not going and beat in self._beats:
+                        self._beats.remove(beat)
+                    self._done.notify_all()
         except BaseException as e:  # a dead heartbeat is a lost lease, never silence
-            self._declare_lost(LeaseLost(self._key, f"heartbeat thread died: {e!r}"))
+            with self._wake:
+                beats = [*self._beats]
+                if self._current is not None and self._current not in beats:
+                    beats.append(self._current)
+                self._beats.clear()
+                self._current = None
+                if self._thread is me:
+                    self._thread = None
+                self._done.notify_all()
+            for b in beats:
+                b._declare_lost(LeaseLost(b._key, f"heartbeat thread died: {e!r}"))
             raise

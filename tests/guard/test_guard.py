@@ -204,3 +204,66 @@ def test_clock_type_is_injectable(store_url: str) -> None:
     clock: Clock = SYSTEM_CLOCK
     with Warden(store_url, clock=clock) as w:
         assert w.clock is clock
+
+
+def test_runs_of_one_warden_share_one_heartbeat_thread_and_all_renew(store_url: str) -> None:
+    with Warden(store_url, clock=SYSTEM_CLOCK) as w:
+        with w.guard("a", ttl=1.2) as a, w.guard("b", ttl=1.5) as b:
+            thread = w.heartbeats._thread
+            assert thread is not None and a.heartbeat._thread is b.heartbeat._thread is w.heartbeats
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:  # past both ttls
+                a.check()
+                b.check()
+                time.sleep(0.05)
+            assert a.heartbeat.renewals >= 3 and b.heartbeat.renewals >= 3
+            assert w.heartbeats._thread is thread, "one thread all along"
+        assert w.store.run(a.run_id).outcome is Outcome.SUCCEEDED  # type: ignore[union-attr]
+        assert w.store.run(b.run_id).outcome is Outcome.SUCCEEDED  # type: ignore[union-attr]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_shared_heartbeat_thread_loses_every_run_it_served_and_the_next_run_gets_a_new_one(
+    store_url: str,
+) -> None:
+    with Warden(store_url, clock=SYSTEM_CLOCK) as w:
+        with w.guard("a", ttl=0.6) as a, w.guard("b", ttl=30) as b:
+            a.heartbeat._renew = _explode  # due first: the thread dies serving a
+            assert a.lost.wait(timeout=5) and b.lost.wait(timeout=5), "every run it served is lost"
+            assert "heartbeat thread died" in str(b.lost_reason())
+        with w.guard("a", ttl=0.6) as again:
+            time.sleep(0.5)
+            again.check()
+            assert again.heartbeat.renewals >= 1
+        assert w.store.run(b.run_id).outcome is Outcome.LEASE_LOST  # type: ignore[union-attr]
+
+
+def test_stop_waits_for_the_renewal_in_flight(store_url: str) -> None:
+    entered, release = threading.Event(), threading.Event()
+    renewed: list[float] = []
+
+    with Warden(store_url, clock=SYSTEM_CLOCK) as w, w.guard("nightly", ttl=0.6) as run:
+        renew = run.heartbeat._renew
+
+        def slow_renew() -> None:
+            entered.set()
+            release.wait(5)
+            renew()
+            renewed.append(time.monotonic())
+
+        run.heartbeat._renew = slow_renew
+        assert entered.wait(5)
+        threading.Timer(0.2, release.set).start()
+        run.heartbeat.stop()
+        stopped = time.monotonic()
+    assert renewed and renewed[0] <= stopped, "stop returned while a renewal was still running"
+
+
+def test_the_heartbeat_thread_ends_when_the_warden_closes(store_url: str) -> None:
+    w = Warden(store_url, clock=SYSTEM_CLOCK)
+    with w.guard("nightly", ttl=30):
+        thread = w.heartbeats._thread
+        assert thread is not None and thread.is_alive()
+    w.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
