@@ -3,10 +3,8 @@ owner NX PX ttl`` then a Lua compare-and-delete, on a kept connection.
 
 Issue 3's targets, measured in the same run:
 
-- (b) bare lease acquire+release <= 1.15x the floor. The store has no
-  ledger-free path: ``acquire`` always writes the run and ``started`` (or the
-  refusal), ``finish`` the terminal record, each in its one Lua call. So (b)
-  is measured as ``store.acquire`` + ``store.finish``, the same cycle as (c).
+- (b) bare lease acquire+release <= 1.15x the floor: ``store.lock`` +
+  ``store.unlock``, the fenced lease with no ledger (one Lua call each).
 - (c) a full guarded cycle (acquire + ``started`` + terminal record +
   release) through the store <= 1.3x; also through the library,
   ``Warden(store).guard()`` enter/exit, which adds the heartbeat thread.
@@ -15,14 +13,19 @@ Issue 3's targets, measured in the same run:
   second (the same 4-process setup; a refused store start records ``skipped``).
 
 A reference row shows ``SET NX PX`` + ``INCR`` of a fencing counter in one Lua
-call, i.e. what a bare fenced lease would cost.
+call, i.e. what any fenced lease costs.
+
+Server time per cycle (``INFO commandstats``, all commands of a cycle) is
+measured on a private ``redis-server`` started for it (when the binary is
+there), so that nobody else's traffic is counted: the shared server is never
+reconfigured or reset.
 
 Every key is under a fresh prefix, deleted at the end. The server is
 ``$CRONWARDEN_TEST_REDIS`` (default ``redis://127.0.0.1:6379/0``).
 
     python bench/redis_lease.py              # about 60 s
     python bench/redis_lease.py --quick      # a few seconds
-    python bench/redis_lease.py --profile    # cProfile of the store's cycle
+    python bench/redis_lease.py --profile    # cProfile of the store's cycle and of Warden.guard
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from comparison import Candidate, Row, interleave, print_footer, print_header, print_table, quartiles, rows
+from cronwarden.stores.base import Granted
 
 REDIS_URL = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL = 60.0
@@ -55,17 +59,17 @@ return false
 """
 
 
-def store_url(prefix: str) -> str:
-    return f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={prefix}"
+def store_url(prefix: str, server: str = REDIS_URL) -> str:
+    return f"{server}{'&' if '?' in server else '?'}prefix={prefix}"
 
 
 class Floor:
     """The raw redis-py lease: what any Redis lock does, with nothing else."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, server: str = REDIS_URL) -> None:
         import redis
 
-        self.client = redis.Redis.from_url(REDIS_URL)
+        self.client = redis.Redis.from_url(server)
         self.release = self.client.register_script(COMPARE_AND_DELETE)
         self.fenced = self.client.register_script(FENCED_SET)
         self.key, self.counter = f"{prefix}floor", f"{prefix}floor:token"
@@ -86,6 +90,12 @@ class Floor:
         assert token, "fenced floor lease refused"
         self.release(keys=[self.key], args=[owner])
 
+    def hold(self) -> None:
+        self.client.set(self.key + ":held", "holder", px=TTL_MS * 10)
+
+    def refused_held(self) -> None:
+        assert not self.client.set(self.key + ":held", "someone else", nx=True, px=TTL_MS)
+
     def close(self) -> None:
         self.client.close()
 
@@ -94,17 +104,17 @@ class StoreCycle:
     """One guarded cycle through the store: ``acquire`` (run + ``started``)
     then ``finish`` (terminal record + release)."""
 
-    def __init__(self, prefix: str, job: str) -> None:
+    def __init__(self, prefix: str, job: str, server: str = REDIS_URL) -> None:
         from cronwarden.guard import Warden, this_host
         from cronwarden.stores import open_store
 
-        self.store = open_store(store_url(prefix))
+        self.store = open_store(store_url(prefix, server))
         self.warden = Warden(self.store, quiet=True)
         self.job, self.host, self.pid = job, this_host(), os.getpid()
 
     def try_cycle(self) -> bool:
         from cronwarden.events import Outcome, new_id
-        from cronwarden.stores.base import End, Granted, Start
+        from cronwarden.stores.base import End, Start
 
         start = Start(job=self.job, key=self.job, run_id=new_id(), host=self.host, pid=self.pid, ttl=TTL,
                       at=time.time())  # fmt: skip
@@ -121,6 +131,20 @@ class StoreCycle:
         with self.warden.guard(self.job + "-guard", ttl=TTL):
             pass
 
+    def lock_cycle(self) -> None:
+        owner = os.urandom(16).hex()
+        assert self.store.lock(self.job, owner, TTL) is not None, "lock refused: another holder?"
+        self.store.unlock(self.job, owner)
+
+    def refused(self) -> None:
+        """A start refused by a live holder: records ``skipped`` (G7)."""
+        from cronwarden.events import new_id
+        from cronwarden.stores.base import Start
+
+        start = Start(job=self.job, key=self.job + "-held", run_id=new_id(), host=self.host, pid=self.pid,
+                      ttl=TTL, at=time.time())  # fmt: skip
+        assert not isinstance(self.store.acquire(start), Granted)
+
     def close(self) -> None:
         self.store.close()
 
@@ -129,25 +153,125 @@ def uncontended(prefix: str, quick: bool, budget: float) -> None:
     started = time.monotonic()
     floor, store = Floor(prefix), StoreCycle(prefix, "bench")
     base = Candidate("(a) floor: SET NX PX + Lua compare-and-delete", floor.cycle)
-    fenced = Candidate("ref: SET NX PX + INCR token in one Lua, + compare-and-delete", floor.fenced_cycle)
-    cycle = Candidate("store.acquire + store.finish", store.cycle)
-    guard = Candidate("Warden.guard enter/exit (library, heartbeat thread)", store.guard_cycle, FULL)
+    fenced = Candidate("ref: SET NX PX + INCR token in one Lua, + compare-and-delete", floor.fenced_cycle,
+                       note="reference: a bare fenced lease")  # fmt: skip
+    bare = Candidate("(b) bare lease: store.lock + store.unlock", store.lock_cycle, BARE)
+    cycle = Candidate("(c) full guarded cycle: store.acquire + store.finish", store.cycle, FULL)
+    guard = Candidate("(c) full guarded cycle: Warden.guard enter/exit", store.guard_cycle, FULL)
+    others = [fenced, bare, cycle, guard]
     try:
-        n = interleave(base, [fenced, cycle, guard], min_rounds=5, budget=budget)
+        n = interleave(base, others, min_rounds=5, budget=budget)
     finally:
         floor.close()
         store.close()
-    table = rows(base, [fenced, cycle, guard])
-    ref, full, lib = table[1], table[2], table[3]
-    ref.note = "reference: a bare fenced lease"
-    bare = Row(**{**vars(full), "name": "(b) bare lease: store.acquire + store.finish", "target": BARE,
-                  "note": "no ledger-free path: includes started + terminal"})  # fmt: skip
-    full.name, full.target = "(c) full guarded cycle: store.acquire + store.finish", FULL
-    lib.name = "(c) full guarded cycle: Warden.guard enter/exit"
-    print_table(
-        "uncontended: one acquire+release cycle on a kept connection", [table[0], ref, bare, full, lib]
-    )
+    print_table("uncontended: one acquire+release cycle on a kept connection", rows(base, others))
     print_footer(n, started)
+
+
+SERVER_TIME_CYCLES = 2000
+SERVER_BLOCKS = 10
+
+
+def server_time(cycles: int) -> None:
+    """Server time per cycle of each candidate, from ``INFO commandstats`` of a
+    private ``redis-server`` that nothing else uses."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("\n(no redis-server binary: server time per cycle not measured)")
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="cw-bench-redis-") as tmp:
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", tmp],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        admin = redis.Redis(port=port, socket_timeout=5)
+        try:
+            for _ in range(500):
+                try:
+                    admin.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.01)
+            version = admin.info("server")["redis_version"]
+            url = f"redis://127.0.0.1:{port}/0"
+            floor, store = Floor("cw-bench:", url), StoreCycle("cw-bench:", "bench", url)
+            holder = store.store.acquire(_held_start(store))
+            assert isinstance(holder, Granted)
+            floor.hold()
+            script = ("evalsha", "eval")
+            candidates = [
+                ("(a) floor: SET NX PX + Lua compare-and-delete", floor.cycle, ("set", *script)),
+                ("ref: SET NX PX + INCR in one Lua + compare-and-delete", floor.fenced_cycle, script),
+                ("(b) store.lock + store.unlock", store.lock_cycle, script),
+                ("(c) store.acquire + store.finish", store.cycle, script),
+                ("(c) Warden.guard enter/exit", store.guard_cycle, script),
+                ("refused: SET NX PX on a held key", floor.refused_held, ("set",)),
+                ("refused: store.acquire on a held key (records skipped)", store.refused, script),
+            ]
+            print(f"\nserver time per cycle, private redis-server {version}, {cycles} cycles each: "
+                  f"INFO commandstats of the top-level commands (a script's time includes its calls) "
+                  f"in {SERVER_BLOCKS} blocks; median, min and max of the blocks' means")  # fmt: skip
+            width = max(len(c[0]) for c in candidates)
+            print(f"{'what':<{width}}  {'µs':>6}  {'min':>6}  {'max':>6}  {'trips':>5}  {'calls':>5}  "
+                  "commands run inside scripts, per cycle (SLOWLOG)")  # fmt: skip
+            per_block = max(1, cycles // SERVER_BLOCKS)
+            for name, op, top in candidates:
+                for _ in range(20):
+                    op()
+                means, trips = [], 0.0
+                for _ in range(SERVER_BLOCKS):
+                    admin.config_resetstat()
+                    for _ in range(per_block):
+                        op()
+                    stats = {k.removeprefix("cmdstat_"): v for k, v in admin.info("commandstats").items()}
+                    means.append(sum(stats[c]["usec"] for c in top if c in stats) / per_block)
+                    trips = sum(stats[c]["calls"] for c in top if c in stats) / per_block
+                # Which commands the scripts run: SLOWLOG logs them with the client address "?:0".
+                admin.config_set("slowlog-log-slower-than", 0)
+                admin.config_set("slowlog-max-len", 10_000)
+                admin.slowlog_reset()
+                for _ in range(50):
+                    op()
+                admin.config_set("slowlog-log-slower-than", 10_000)
+                inner: dict[str, int] = {}
+                for e in admin.slowlog_get(10_000):
+                    if e["client_address"] in (b"?:0", "?:0"):
+                        inner[_name(e)] = inner.get(_name(e), 0) + 1
+                calls = sum(inner.values()) / 50 + trips
+                what = ", ".join(f"{k.lower()} {v / 50:.1f}" for k, v in sorted(inner.items()))
+                print(f"{name:<{width}}  {statistics.median(means):>6.1f}  {min(means):>6.1f}  "
+                      f"{max(means):>6.1f}  {trips:>5.1f}  {calls:>5.1f}  {what}")  # fmt: skip
+            floor.close()
+            store.close()
+        finally:
+            admin.close()
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def _name(entry: dict[str, Any]) -> str:
+    command = entry["command"]
+    text = command.decode(errors="replace") if isinstance(command, bytes) else str(command)
+    return text.split(" ", 1)[0].upper()
+
+
+def _held_start(store: StoreCycle) -> Any:
+    from cronwarden.events import new_id
+    from cronwarden.stores.base import Start
+
+    return Start(job=store.job, key=store.job + "-held", run_id=new_id(), host=store.host, pid=store.pid,
+                 ttl=TTL * 10, at=time.time())  # fmt: skip
 
 
 def _worker(mode: str, prefix: str, seconds: float, barrier: Any, results: Any) -> None:
@@ -212,16 +336,19 @@ def profile(prefix: str, cycles: int) -> None:
     import pstats
 
     store = StoreCycle(prefix, "profile")
-    for _ in range(20):
-        store.cycle()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(cycles):
-        store.cycle()
-    prof.disable()
+    cases = [("store.acquire + store.finish", store.cycle), ("Warden.guard enter/exit", store.guard_cycle),
+             ("store.lock + store.unlock", store.lock_cycle)]  # fmt: skip
+    for name, op in cases:
+        for _ in range(20):
+            op()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(cycles):
+            op()
+        prof.disable()
+        print(f"\ncProfile of {cycles} {name} cycles, top 25 by own time:")
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
     store.close()
-    print(f"\ncProfile of {cycles} store.acquire + store.finish cycles, top 25 by own time:")
-    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
 
 def cleanup(prefix: str) -> None:
@@ -273,6 +400,7 @@ def main() -> int:
         print_header(f"Redis ({REDIS_URL}, keys under {prefix}): store lease cycles vs raw redis-py")
         budget = args.budget if args.budget is not None else (1.5 if args.quick else 25.0)
         uncontended(prefix, args.quick, budget)
+        server_time(200 if args.quick else SERVER_TIME_CYCLES)
         seconds = args.seconds if args.seconds is not None else (1.0 if args.quick else 5.0)
         contended(prefix, args.rounds or (1 if args.quick else 3), seconds)
     finally:

@@ -25,6 +25,7 @@ from cronwarden.clock import SYSTEM_CLOCK
 from cronwarden.errors import LeaseLost, StoreError, StoreUnavailable, StoreUrlError
 from cronwarden.events import Event, EventKind, Outcome
 from cronwarden.lease import Heartbeat, Lease
+from cronwarden.policy import Policy
 from cronwarden.stores import open_store
 from cronwarden.stores.base import End, EventQuery, Granted, Refused, Start, Store
 from redisserver import RedisServer, free_port, private_redis
@@ -424,6 +425,60 @@ def test_jobs_listed_by_the_earlier_key_layout_stay_visible(shared_url: str) -> 
         client.sadd(f"{prefix}jobs:ev", "old")
         client.close()
         assert [e.job for e in store.events(EventQuery(limit=10))] == ["old"]
+
+
+def mixed_ledger(store: Store) -> None:
+    """Runs that end every way a run's events are written: a plain cycle, a
+    skip, a queued start handed over, an overlap, an abandoned run, and an
+    event recorded on its own for a run."""
+    holder = granted(store.acquire(start("mixed", ttl=LONG_TTL))).lease
+    assert isinstance(store.acquire(start("mixed")), Refused)
+    queued = start("mixed")._replace(policy=Policy.QUEUE)
+    assert isinstance(store.acquire(queued), Refused)
+    side = granted(store.acquire(start("mixed")._replace(policy=Policy.ALLOW))).lease
+    store.finish(side, end())
+    handed = store.finish(holder, end(), then=queued).next
+    assert handed is not None
+    store.record(Event(kind=EventKind.SLOW, job="mixed", at=time.time(), run_id=handed.run_id))
+    store.finish(handed, end())
+    lost = granted(store.acquire(start("mixed", ttl=0.05))).lease
+    store.record(Event(kind=EventKind.SLOW, job="mixed", at=time.time(), run_id=lost.run_id))
+    time.sleep(0.1)
+    taker = granted(store.acquire(start("mixed")))
+    assert taker.abandoned == (lost.run_id,)
+    store.finish(taker.lease, end())
+    for _ in range(3):
+        store.finish(granted(store.acquire(start("mixed"))).lease, end())
+
+
+def test_events_by_run_id_are_every_event_of_the_run_however_it_was_written(shared_url: str) -> None:
+    with open_store(shared_url) as store:
+        mixed_ledger(store)
+        everything = store.events(EventQuery(limit=10_000, newest_first=False))
+        runs = {e.run_id for e in everything if e.run_id}
+        assert len(runs) >= 8
+        for run_id in runs:
+            by_run = store.events(EventQuery(run_id=run_id, limit=100, newest_first=False))
+            assert by_run == [e for e in everything if e.run_id == run_id], run_id
+
+
+def test_events_by_run_id_after_trimming_are_still_in_the_ledger(shared_url: str) -> None:
+    with open_store(f"{shared_url}&events_per_job=6&runs_per_job=2") as store:
+        for _ in range(3):
+            mixed_ledger(store)
+        everything = store.events(EventQuery(limit=10_000, newest_first=False))
+        assert len(everything) == 6
+        for run_id in {e.run_id for e in everything if e.run_id}:
+            by_run = store.events(EventQuery(run_id=run_id, limit=100, newest_first=False))
+            assert all(e in everything for e in by_run)
+        prefix = shared_url.split("prefix=", 1)[1]
+        client = redis.Redis.from_url(SHARED, decode_responses=True)
+        try:
+            links = [f for f in client.hkeys(f"{prefix}ev") if f.startswith("r:")]
+        finally:
+            client.close()
+        # The run links are trimmed with their runs' events: no more than the events left.
+        assert len(links) <= len(everything)
 
 
 def test_a_lost_lease_record_still_gets_a_larger_token(shared_url: str) -> None:

@@ -143,9 +143,18 @@ local function add_member(index, member)
   list[#list + 1] = member
 end
 
-local function add_event(index, eid, kind, job, run_id, at, athex, data)
-  EVENTS[#EVENTS + 1] = {index, eid, kind, job, run_id, at, athex, data}
+-- link: how the event is found by its run id. 'new': the run's first
+-- events, written by this script: the field 'r:<run id>' of the records
+-- hash lists their seqs (no write of its own: it rides in the records'
+-- HSET). A string: that field's value so far (kept in the lease hash as
+-- 'rseq' while the run is open), to which the seq is appended. nil: an
+-- entry in the run id index (events recorded later by other calls).
+local function add_event(index, eid, kind, job, run_id, at, athex, data, link)
+  EVENTS[#EVENTS + 1] = {index, eid, kind, job, run_id, at, athex, data, link}
 end
+
+-- The lease hash write of a grant, done by flush once the seqs are known.
+local LEASE = false
 
 -- Retention is per job, so every key trimmed is one the call declared.
 local function trim_events(index, evk, runk)
@@ -153,13 +162,17 @@ local function trim_events(index, evk, runk)
   if n <= EVENTS_MAX then return end
   local old = redis.call('ZRANGEBYLEX', index, '[@|', '(@}', 'LIMIT', 0,
     math.min(n - EVENTS_MAX + EVENTS_BATCH, 1000))
-  local drop, seqs, runs = {}, {}, {}
+  local drop, seqs, runs, links, seen = {}, {}, {}, {}, {}
   for _, m in ipairs(old) do
     local hex, seq, kind, run = string.match(m, '^@|(%x+)|(%d+)|([^|]*)|(.*)$')
     drop[#drop + 1] = m
     drop[#drop + 1] = kind .. '|' .. hex .. '|' .. seq
     seqs[#seqs + 1] = seq
-    if run ~= '' then runs[#runs + 1] = run .. '|' .. seq end
+    if run ~= '' then
+      runs[#runs + 1] = run .. '|' .. seq
+      -- A run's link field goes with its oldest event (see add_event).
+      if not seen[run] then seen[run] = true; seqs[#seqs + 1] = 'r:' .. run end
+    end
   end
   redis.call('ZREM', index, unpack(drop))
   redis.call('HDEL', evk, unpack(seqs))
@@ -195,18 +208,24 @@ end
 -- crosses a multiple of CHECK, so most calls only count (see trim_*).
 local function flush(evk, runk, jobsk, runsk)
   local n = #EVENTS
-  local per_job = {}
+  local per_job, linked = {}, {}
   if n > 0 then
     local last = redis.call('HINCRBY', evk, 'seq', n)
     local records, byrun = {}, {}
     for i, e in ipairs(EVENTS) do
       local index, eid, kind, job, run_id, at, athex, data = e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8]
+      local link = e[9]
       local seq = string.format('%012d', last - n + i)
       local r = 'null'
       if run_id then
         r = jstr(run_id)
-        byrun[#byrun + 1] = 0
-        byrun[#byrun + 1] = run_id .. '|' .. seq
+        if link then
+          local so_far = linked[run_id] or (link ~= 'new' and link)
+          linked[run_id] = so_far and (so_far .. ',' .. seq) or seq
+        else
+          byrun[#byrun + 1] = 0
+          byrun[#byrun + 1] = run_id .. '|' .. seq
+        end
       end
       records[#records + 1] = seq
       records[#records + 1] = '{"i":' .. jstr(eid) .. ',"k":"' .. kind .. '","j":' .. jstr(job)
@@ -216,8 +235,18 @@ local function flush(evk, runk, jobsk, runsk)
       local c = per_job[job]
       if c then c[2] = c[2] + 1 else per_job[job] = {index, 1} end
     end
+    for run_id, seqs in pairs(linked) do
+      records[#records + 1] = 'r:' .. run_id
+      records[#records + 1] = seqs
+    end
     redis.call('HSET', evk, unpack(records))
     if #byrun > 0 then redis.call('ZADD', runk, unpack(byrun)) end
+  end
+  if LEASE then
+    -- rseq: the run's link so far, for its later events (empty: they go to the index).
+    LEASE[#LEASE + 1] = 'rseq'
+    LEASE[#LEASE + 1] = LEASE.linked and linked[LEASE.run_id] or ''
+    redis.call('HSET', unpack(LEASE))
   end
   for index, list in pairs(MEMBERS) do redis.call('ZADD', index, unpack(list)) end
   for job, c in pairs(per_job) do
@@ -240,22 +269,24 @@ local function run_record(job, key, host, pid, token, slot, started, ending)
     .. ',"token":' .. token .. ',"slot":' .. slot .. ',"started_at":' .. started .. ',' .. ending .. '}'
 end
 
--- Write lease hash lk (the start rides in it while the run is open), the
--- live key, the open entry, the run's index entry and `started`.
-local function start_run(lk, livek, openk, index, s, ts, extra)
-  redis.call('HSET', lk, 'owner', s.run_id, 'token', ts, 'job', s.job, 'host', s.host, 'pid', s.pid,
-    'started', s.at, 'slot', s.slot, 'revoked_by', '', unpack(extra))
+-- Write lease hash lk (the start rides in it while the run is open; written
+-- by flush), the live key, the open entry, the run's index entry and
+-- `started`. new: whether this is the run's first event (see add_event).
+local function start_run(lk, livek, openk, index, s, ts, extra, new)
+  LEASE = {lk, 'owner', s.run_id, 'token', ts, 'job', s.job, 'host', s.host, 'pid', s.pid,
+    'started', s.at, 'slot', s.slot, 'revoked_by', '', unpack(extra)}
+  LEASE.run_id, LEASE.linked = s.run_id, new
   redis.call('SET', livek, s.run_id, 'PX', s.ttl_ms)
   redis.call('HSET', openk, s.run_id, s.key)
   add_member(index, '#|' .. s.athex .. '|' .. s.run_id)
   add_event(index, s.eid, 'started', s.job, s.run_id, s.at, s.athex, '{"host":' .. jstr(s.host)
     .. ',"pid":' .. s.pid .. ',"token":' .. ts .. ',"key":' .. jstr(s.key) .. ',"slot":' .. s.slot
-    .. ',"ttl":' .. s.ttl .. '}')
+    .. ',"ttl":' .. s.ttl .. '}', new and 'new' or nil)
 end
 
 -- The fencing rule of the module docstring. srv: the run id of the server
 -- process executing this script (the client learns it once per connection).
-local function grant(lk, livek, openk, index, old_token, old_srv, srv, s)
+local function grant(lk, livek, openk, index, old_token, old_srv, srv, s, new)
   local ms, t = now_ms()
   local token
   if old_token then token = tonumber(old_token) + 1 end
@@ -264,7 +295,8 @@ local function grant(lk, livek, openk, index, old_token, old_srv, srv, s)
     if not token or us > token then token = us end
   end
   local ts = string.format('%d', token)
-  start_run(lk, livek, openk, index, s, ts, {'srv', srv, 'exp', string.format('%d', ms + tonumber(s.ttl_ms))})
+  local exp = string.format('%d', ms + tonumber(s.ttl_ms))
+  start_run(lk, livek, openk, index, s, ts, {'srv', srv, 'exp', exp}, new)
   return ts
 end
 """
@@ -280,10 +312,13 @@ local a = split(ARGV[1])
 local s = read_start(a, 1)
 local policy, eid2 = a[12], a[14]
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job', 'host', 'pid', 'started',
-  'slot', 'revoked_by')
+  'slot', 'revoked_by', 'rseq')
 local owner = h[1]
-local live = false
-if owner then live = redis.call('GET', KEYS[2]) == owner end
+-- The live key is written and deleted with the owner field, in the same
+-- scripts, so it names the owner while it exists: its PTTL says it all.
+local pttl = -2
+if owner then pttl = redis.call('PTTL', KEYS[2]) end
+local live = pttl ~= -2
 
 if not live then
   local abandoned = ''
@@ -294,16 +329,15 @@ if not live then
     redis.call('HSET', KEYS[4], owner, run_record(h[5] or s.job, s.key, h[6] or '?', h[7] or '0', h[2],
       h[9] or 'null', h[8] or s.at, ending))
     add_event(KEYS[5], eid2, 'abandoned', s.job, owner, s.at, s.athex,
-      '{"found_by":' .. jstr(s.run_id) .. '}')
+      '{"found_by":' .. jstr(s.run_id) .. '}', h[11] ~= '' and h[11] or nil)
     abandoned = owner
   end
-  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[5], h[2], h[3], ARGV[2], s)
+  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[5], h[2], h[3], ARGV[2], s, true)
   flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {'G', ts, abandoned}
 end
 
 local hhost, hpid, hstarted, htoken = h[6] or '?', h[7] or '0', h[8] or '0', h[2] or '0'
-local pttl = redis.call('PTTL', KEYS[2])
 
 if policy == 'replace' then
   -- No event: the holder records `replaced` when its next renew is refused.
@@ -322,8 +356,8 @@ if policy == 'allow' then
   side.key = a[15]
   local ms = now_ms()
   start_run(KEYS[9], KEYS[10], KEYS[3], KEYS[5], side, '1',
-    {'exp', string.format('%d', ms + tonumber(s.ttl_ms))})
-  add_event(KEYS[5], eid2, 'overlap', s.job, s.run_id, s.at, s.athex, data .. '}')
+    {'exp', string.format('%d', ms + tonumber(s.ttl_ms))}, true)
+  add_event(KEYS[5], eid2, 'overlap', s.job, s.run_id, s.at, s.athex, data .. '}', 'new')
   flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {'O', '1', owner, hhost, hpid, hstarted, htoken, pttl}
 end
@@ -340,7 +374,7 @@ if policy == 'queue' then
     data = data .. ',"pending":' .. pending
   end
 end
-add_event(KEYS[5], eid2, kind, s.job, s.run_id, s.at, s.athex, data .. '}')
+add_event(KEYS[5], eid2, kind, s.job, s.run_id, s.at, s.athex, data .. '}', 'new')
 flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
 return {'R', kind, owner, hhost, hpid, hstarted, htoken, pttl}
 """
@@ -357,7 +391,7 @@ _FINISH = (
 local a = split(ARGV[1])
 local run_id, job, at = a[1], a[2], a[6]
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job', 'host', 'pid', 'started',
-  'slot')
+  'slot', 'rseq')
 -- While a run is open its lease names it: abandonment, hand-over and
 -- release all close the run in the same step that changes the owner.
 -- So a run that does not own its lease has its terminal record already.
@@ -372,7 +406,8 @@ if redis.call('HDEL', KEYS[3], run_id) == 1 then
   redis.call('HSET', KEYS[4], run_id, run_record(h[5] or job, a[3], h[6] or '?', h[7] or '0', h[2],
     h[9] or 'null', h[8] or at, a[5]))
   add_event(KEYS[5], a[9], a[4], job, run_id, at, a[7],
-    a[8] .. ',"duration":' .. string.format('%.6f', tonumber(at) - tonumber(h[8] or at)) .. '}')
+    a[8] .. ',"duration":' .. string.format('%.6f', tonumber(at) - tonumber(h[8] or at)) .. '}',
+    h[10] ~= '' and h[10] or nil)
   recorded = 1
 end
 if a[10] == '1' then
@@ -387,7 +422,7 @@ if ARGV[3] and tonumber(h[4] or '0') > 0 then
   flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {1, recorded, ts}
 end
-redis.call('HDEL', KEYS[1], 'owner', 'revoked_by')
+redis.call('HDEL', KEYS[1], 'owner', 'revoked_by', 'rseq')
 redis.call('DEL', KEYS[2])
 flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
 return {1, recorded}
@@ -1082,8 +1117,15 @@ class RedisStore(Store):
     def _run_events(self, run_id: str, query: EventQuery, kinds: list[str] | None, limit: int) -> list[Event]:
         # Members are ``run_id|seq``; a run id with "|" in it could match
         # another run's members, so records are checked below.
-        [members] = self._read(lambda pipe: pipe.zrangebylex(self._k_ev_run, f"[{run_id}|", f"({run_id}}}"))
-        seqs = [m.rpartition("|")[2] for m in members]
+        # A run's first events and those its lease recorded are listed in the
+        # field "r:<run id>" of the records hash; others in the run id index.
+        members, linked = self._read(
+            lambda pipe: (
+                pipe.zrangebylex(self._k_ev_run, f"[{run_id}|", f"({run_id}}}"),
+                pipe.hget(self._k_ev, f"r:{run_id}"),
+            )
+        )
+        seqs = sorted({*(m.rpartition("|")[2] for m in members), *(linked.split(",") if linked else ())})
         if not seqs:
             return []
         [raw] = self._read(lambda pipe: pipe.hmget(self._k_ev, seqs))
