@@ -62,6 +62,14 @@ def version_of(schema: str) -> int:
     return int(row[0])
 
 
+def indexes(schema: str, table: str) -> set[str]:
+    with psycopg.connect(SHARED, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s", (schema, table)
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
 def test_a_version_2_schema_upgrades_in_place_keeping_leases_runs_and_tokens(schema: str) -> None:
     create_at_version(schema, 2)
     s = f'"{schema}"'
@@ -106,6 +114,10 @@ def test_a_version_2_schema_upgrades_in_place_keeping_leases_runs_and_tokens(sch
         assert kinds == [EventKind.STARTED, EventKind.SUCCEEDED]
         # What version 3 added.
         assert store.lock("nightly", "a", 60.0) == 1
+    # Version 4: one events index for reads by job, and no runs index that
+    # finish() would have to update.
+    assert indexes(schema, "events") == {"events_pkey", "events_event_id_key", "events_job_kind_at"}
+    assert indexes(schema, "runs") == {"runs_pkey", "runs_job_started"}
 
     # Opening it again is a no-op.
     with open_store(url) as store:
