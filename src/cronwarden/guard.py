@@ -285,7 +285,7 @@ class Guard:
         # longer has a lease to hand on (replaced, lost) or was stopped.
         drain = again and end.outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
         then = self._start() if drain else None
-        sent = self.clock.monotonic()
+        sent = 0.0 if then is None else self.clock.monotonic()
         finished = self._finish_with_retries(run.lease, end, then)
         self.run = None
         if finished is not None and finished.next is not None:
@@ -296,13 +296,16 @@ class Guard:
         """The terminal record matters more than promptness: retry a locked or
         unreachable store for up to a ttl. If it still fails, the next start
         (or the monitor) finds the lease expired and records ``abandoned``."""
-        give_up = self.clock.monotonic() + max(self.options.ttl, 5.0)
+        give_up = None
         delay = 0.05
         while True:
             try:
                 return self.warden.store.finish(lease, end, then)
             except StoreUnavailable as e:
-                if self.clock.monotonic() + delay >= give_up:
+                now = self.clock.monotonic()
+                if give_up is None:
+                    give_up = now + max(self.options.ttl, 5.0)
+                if now + delay >= give_up:
                     print(f"cronwarden: could not record the end of run {lease.run_id}: {e}",
                           file=sys.stderr)  # fmt: skip
                     return None
@@ -352,6 +355,9 @@ class Warden:
         self.quiet = quiet
         self.heartbeats = HeartbeatThread()
         """One thread renews the leases of all this warden's runs."""
+        self._options: dict[tuple[tuple[str, Any], ...], Options] = {}
+        """Validated options by the keywords that made them: a job guarded in
+        a loop is validated once."""
         if store is None or isinstance(store, str):
             from cronwarden.stores import open_store, resolve_url
 
@@ -369,7 +375,17 @@ class Warden:
         max_runtime, max_pending, replace_grace, allow_unpartitioned, slot).
         A refused start is recorded and raises ``NotStarted``.
         """
-        return Guard(self, job, _options(options))
+        key = tuple(options.items())
+        try:
+            opts = self._options.get(key)
+        except TypeError:  # an unhashable value: validate every time
+            return Guard(self, job, _options(options))
+        if opts is None:
+            opts = _options(options)
+            if len(self._options) >= 64:
+                self._options.clear()
+            self._options[key] = opts
+        return Guard(self, job, opts)
 
     def job(
         self, name: str | None = None, **options: Any

@@ -46,6 +46,10 @@ class Lease(NamedTuple):
     ttl: float
 
 
+_EVENTS = threading.Lock()
+"""Orders ``Heartbeat.lost`` and the making of its ``lost_event``."""
+
+
 def renew_interval(ttl: float) -> float:
     return ttl / 3
 
@@ -83,7 +87,7 @@ class Heartbeat:
         self.started_at = started_at
         self.deadline = started_at + belief(ttl)
         self.lost: LeaseLost | None = None
-        self.lost_event = threading.Event()
+        self._lost_event: threading.Event | None = None
         self.on_lost = on_lost
         self.stop_at = stop_at
         """Monotonic time of ``max_runtime``: the run is then declared timed out."""
@@ -94,10 +98,21 @@ class Heartbeat:
         self.renewals = 0
         self.last_error: str | None = None
 
+    @property
+    def lost_event(self) -> threading.Event:
+        """Set when ``lost`` is. Made on first use: most runs never wait on it."""
+        with _EVENTS:
+            if self._lost_event is None:
+                self._lost_event = threading.Event()
+                if self.lost is not None:
+                    self._lost_event.set()
+            return self._lost_event
+
     def start(self, key: str) -> None:
         self._key = key
-        self._next_at = self.clock.monotonic() + self.interval
-        self._thread.add(self)
+        now = self.clock.monotonic()
+        self._next_at = now + self.interval
+        self._thread.add(self, self._due() - now)
 
     def stop(self) -> None:
         """No renewal after this returns (one in flight is waited for)."""
@@ -111,11 +126,15 @@ class Heartbeat:
         return self.lost is None and t < self.deadline
 
     def _declare_lost(self, why: LeaseLost) -> None:
-        if self.lost is None:
+        with _EVENTS:
+            if self.lost is not None:
+                return
             self.lost = why
-            self.lost_event.set()
-            if self.on_lost is not None:
-                self.on_lost(why)
+            event = self._lost_event
+        if event is not None:
+            event.set()
+        if self.on_lost is not None:
+            self.on_lost(why)
 
     def _due(self) -> float:
         """Monotonic time of this heartbeat's next step."""
@@ -195,11 +214,12 @@ class HeartbeatThread:
         """The last time the thread had a heartbeat: it ends ``idle`` seconds later."""
         self._pid = os.getpid()
 
-    def add(self, beat: Heartbeat) -> None:
+    def add(self, beat: Heartbeat, due_in: float) -> None:
+        """Renew ``beat`` from now on; its first step is ``due_in`` seconds away."""
         if self._pid != os.getpid():
             self._reset()  # forked: the thread and the heartbeats were the parent's
         now = time.monotonic()
-        wake = now + beat._due() - beat.clock.monotonic()
+        wake = now + due_in
         with self._wake:
             self._busy_at = now
             self._closed = False
@@ -215,12 +235,12 @@ class HeartbeatThread:
     def remove(self, beat: Heartbeat, *, wait: float) -> None:
         """Stop renewing ``beat``; if its renewal is in flight, wait for it
         (at most ``wait`` seconds; not when called from the thread itself)."""
-        give_up = time.monotonic() + wait
         with self._wake:
             if beat in self._beats:
                 self._beats.remove(beat)
-            if self._thread is threading.current_thread():
+            if self._current is not beat or self._thread is threading.current_thread():
                 return
+            give_up = time.monotonic() + wait
             while self._current is beat and (left := give_up - time.monotonic()) > 0:
                 self._done.wait(left)
 

@@ -242,14 +242,16 @@ def test_stop_waits_for_the_renewal_in_flight(store_url: str) -> None:
     entered, release = threading.Event(), threading.Event()
     renewed: list[float] = []
 
-    with Warden(store_url, clock=SYSTEM_CLOCK) as w, w.guard("nightly", ttl=0.6) as run:
+    with Warden(store_url, clock=SYSTEM_CLOCK) as w, w.guard("nightly", ttl=3, renew_every=0.1) as run:
         renew = run.heartbeat._renew
 
         def slow_renew() -> None:
             entered.set()
             release.wait(5)
-            renew()
-            renewed.append(time.monotonic())
+            try:
+                renew()
+            finally:
+                renewed.append(time.monotonic())
 
         run.heartbeat._renew = slow_renew
         assert entered.wait(5)

@@ -44,17 +44,18 @@ job scans the ledger; nothing on a hot path asks for it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from json.encoder import encode_basestring_ascii
 from typing import Any, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
 from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError
-from cronwarden.events import Event, EventKind, JobInfo, RunRecord
+from cronwarden.events import Event, EventKind, JobInfo, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
@@ -254,6 +255,7 @@ class SqliteStore(Store):
         self._clock = clock
         self._busy_ms = int(busy_timeout * 1000)
         self._lock = threading.Lock()
+        self._transaction = _Transaction(self)
         parent = os.path.dirname(os.path.abspath(self.path))
         fstype = filesystem_type(self.path if os.path.exists(self.path) else parent)
         if fstype in NETWORK_FILESYSTEMS:
@@ -325,24 +327,11 @@ class SqliteStore(Store):
             db.execute("ROLLBACK")
             raise
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction. BEGIN IMMEDIATE takes the write lock up
-        front, so two processes never both read a free lease and grant it."""
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as e:
-                raise _store_error(self.path, e) from None
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException as e:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise _store_error(self.path, e) from None
-                raise
+    def _tx(self) -> _Transaction:
+        """One write transaction (``with self._tx() as db``). BEGIN IMMEDIATE
+        takes the write lock up front, so two processes never both read a
+        free lease and grant it."""
+        return self._transaction
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:
@@ -356,17 +345,8 @@ class SqliteStore(Store):
 
     @staticmethod
     def _insert_event(db: sqlite3.Connection, event: Event) -> None:
-        db.execute(
-            "INSERT INTO events (event_id, kind, job, run_id, at, data) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                event.event_id,
-                event.kind.value,
-                event.job,
-                event.run_id,
-                event.at,
-                json.dumps(dict(event.data), separators=(",", ":"), default=str),
-            ),
-        )
+        data = json.dumps(dict(event.data), separators=(",", ":"), default=str)
+        db.execute(_INSERT_EVENT, (event.event_id, event.kind.value, event.job, event.run_id, event.at, data))
 
     def _start_run(self, db: sqlite3.Connection, start: Start, token: int) -> None:
         db.execute(
@@ -374,22 +354,14 @@ class SqliteStore(Store):
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (start.run_id, start.job, start.key, start.host, start.pid, token, start.slot, start.at),
         )
-        self._insert_event(
-            db,
-            Event(
-                kind=EventKind.STARTED,
-                job=start.job,
-                run_id=start.run_id,
-                at=start.at,
-                data={
-                    "host": start.host,
-                    "pid": start.pid,
-                    "token": token,
-                    "key": start.key,
-                    "slot": start.slot,
-                    "ttl": start.ttl,
-                },
-            ),
+        # The event data by hand, in json.dumps's format: the encoder costs
+        # several times this on every start.
+        data = (
+            f'{{"host":{_str(start.host)},"pid":{_num(start.pid)},"token":{_num(token)},'
+            f'"key":{_str(start.key)},"slot":{_num(start.slot)},"ttl":{_num(start.ttl)}}}'
+        )
+        db.execute(
+            _INSERT_EVENT, (new_id(), EventKind.STARTED.value, start.job, start.run_id, start.at, data)
         )
 
     def _abandon(self, db: sqlite3.Connection, run_id: str, job: str, at: float, found_by: str) -> bool:
@@ -539,15 +511,15 @@ class SqliteStore(Store):
             ).fetchone()
             recorded = started is not None
             if started is not None:
-                data: dict[str, Any] = {"exit_code": end.exit_code, "token": lease.token}
+                # {"exit_code", "token", "detail"?, "replaced_by"?, "duration"}, by hand as in _start_run.
+                data = f'{{"exit_code":{_num(end.exit_code)},"token":{_num(lease.token)},'
                 if end.detail:
-                    data["detail"] = end.detail
+                    data += f'"detail":{_str(end.detail)},'
                 if end.replaced_by:
-                    data["replaced_by"] = end.replaced_by
-                data["duration"] = round(end.at - started[0], 6)
-                self._insert_event(
-                    db,
-                    Event(kind=end.outcome.event, job=lease.job, run_id=lease.run_id, at=end.at, data=data),
+                    data += f'"replaced_by":{_str(end.replaced_by)},'
+                data += f'"duration":{_num(round(end.at - started[0], 6))}}}'
+                db.execute(
+                    _INSERT_EVENT, (new_id(), end.outcome.value, lease.job, lease.run_id, end.at, data)
                 )
             if then is None and not side:
                 # The common case: release iff still ours (G1), pending or not.
@@ -791,6 +763,8 @@ class SqliteStore(Store):
             self._db.close()
 
 
+_INSERT_EVENT = "INSERT INTO events (event_id, kind, job, run_id, at, data) VALUES (?, ?, ?, ?, ?, ?)"
+
 _GRANT_FREE = (
     "INSERT INTO leases (key, job, owner, token, expires, boot_id) VALUES (?1, ?2, ?3, 1, ?4, ?5) "
     "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = token + 1, expires = excluded.expires, "
@@ -814,6 +788,20 @@ _UNLOCK = (
 )
 
 
+def _str(value: object) -> str:
+    """``value`` as json.dumps writes it, fast for a str."""
+    return encode_basestring_ascii(value) if type(value) is str else json.dumps(value, default=str)
+
+
+def _num(value: object) -> str:
+    """``value`` as json.dumps writes it, fast for an int, a finite float or None."""
+    if value is None:
+        return "null"
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return repr(value)
+    return json.dumps(value, default=str)
+
+
 def statements(script: str) -> Iterator[str]:
     """The SQL statements of ``script``, one at a time (a trigger's body has
     semicolons of its own, so splitting on ";" alone is not enough)."""
@@ -826,6 +814,47 @@ def statements(script: str) -> Iterator[str]:
             pending = ""
     if pending.strip(" \n;"):
         yield pending.strip()
+
+
+class _Transaction:
+    """``SqliteStore._tx``: one reusable object (the store's lock serializes
+    its users), cheaper than a generator-based context manager per call."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._lock.acquire()
+        try:
+            store._db.execute("BEGIN IMMEDIATE")
+        except BaseException as e:
+            store._lock.release()
+            if isinstance(e, sqlite3.Error):
+                raise _store_error(store.path, e) from None
+            raise
+        return store._db
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        store = self._store
+        db = store._db
+        try:
+            if exc is None:
+                try:
+                    db.execute("COMMIT")
+                    return
+                except BaseException as e:
+                    exc = e
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _store_error(store.path, exc) from None
+            if exc_type is None:
+                raise exc
+        finally:
+            store._lock.release()
 
 
 def _mark(db: sqlite3.Connection, sink: str) -> int | None:
