@@ -225,6 +225,32 @@ def test_lock_writes_nothing_but_its_own_two_keys(server: RedisServer) -> None:
     admin.close()
 
 
+def test_scripts_are_loaded_again_after_script_flush(server: RedisServer) -> None:
+    admin = server.admin()
+    with open_store(server.url()) as store:
+        first = store.lock("leader", "a", LONG_TTL)
+        assert first is not None and store.unlock("leader", "a")
+        store.finish(granted(store.acquire(start())).lease, end())
+        admin.script_flush()
+
+        assert store.lock("leader", "b", LONG_TTL) == first + 1
+        assert store.unlock("leader", "b")
+        store.finish(granted(store.acquire(start())).lease, end())
+    admin.close()
+
+
+def test_a_killed_idle_connection_is_replaced_and_asks_the_server_id_again(server: RedisServer) -> None:
+    admin = server.admin()
+    with open_store(server.url()) as store:
+        first = store.lock("leader", "a", LONG_TTL)
+        assert first is not None and store.unlock("leader", "a")
+        assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+
+        # Same server process: the counter goes on one by one.
+        assert store.lock("leader", "b", LONG_TTL) == first + 1
+    admin.close()
+
+
 # -- G3: a killed connection, a paused server ------------------------------
 
 
