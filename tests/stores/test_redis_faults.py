@@ -507,6 +507,28 @@ def test_events_by_run_id_after_trimming_are_still_in_the_ledger(shared_url: str
         assert len(links) <= len(everything)
 
 
+def test_a_released_lease_cannot_be_renewed_though_its_live_key_is_left_to_expire(shared_url: str) -> None:
+    with open_store(shared_url) as store:
+        lease = granted(store.acquire(start(ttl=LONG_TTL))).lease
+        assert store.finish(lease, end()).owned
+        prefix = shared_url.split("prefix=", 1)[1]
+        client = redis.Redis.from_url(SHARED, decode_responses=True)
+        try:
+            assert client.get(f"{prefix}live:nightly") == lease.run_id  # left to expire by its PX
+        finally:
+            client.close()
+
+        with pytest.raises(LeaseLost):
+            store.renew(lease)
+        info = store.lease("nightly")
+        assert info is not None and (info.owner, info.expires_in) == (None, None)
+        after = granted(store.acquire(start()))
+        assert after.lease.token == lease.token + 1 and after.abandoned == ()
+        with pytest.raises(LeaseLost):
+            store.renew(lease)
+        store.finish(after.lease, end())
+
+
 def test_a_lost_lease_record_still_gets_a_larger_token(shared_url: str) -> None:
     # As after an eviction or a partial restore: the lease hash is gone.
     with open_store(shared_url) as store:

@@ -11,8 +11,10 @@ A lease is two keys. ``lease:<key>`` is a hash that never expires: owner,
 fencing token, pending count, revocation, and the open run's start (job,
 host, pid, start time, slot), so a later start can still name and close an
 owner whose lease ran out (G6, G7). ``live:<key>`` holds the owner's run id
-with ``PX``: the lease is live while it exists and names the owner, so
-expiry is judged by the server's clock (G4).
+with ``PX``: while the hash names an owner, the lease is live while this key
+exists (every grant sets both in one script), so expiry is judged by the
+server's clock (G4). A release removes the owner and leaves the live key to
+expire: nothing reads it without an owner.
 
 Fencing (G2): a grant takes the stored token + 1 while the server process that
 granted the previous token is still the one answering (its ``run_id`` is
@@ -314,8 +316,9 @@ local policy, eid2 = a[12], a[14]
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job', 'host', 'pid', 'started',
   'slot', 'revoked_by', 'rseq')
 local owner = h[1]
--- The live key is written and deleted with the owner field, in the same
--- scripts, so it names the owner while it exists: its PTTL says it all.
+-- Every grant sets the owner field and the live key in one script, and a
+-- release removes the owner field: while there is an owner, the live key
+-- names it if it exists, so its PTTL says it all.
 local pttl = -2
 if owner then pttl = redis.call('PTTL', KEYS[2]) end
 local live = pttl ~= -2
@@ -422,8 +425,10 @@ if ARGV[3] and tonumber(h[4] or '0') > 0 then
   flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {1, recorded, ts}
 end
+-- Released: the owner field goes. The live key is left to expire by its
+-- PX: nothing reads it without an owner (acquire, renew and the read side
+-- all start from the owner field), and the next grant overwrites it.
 redis.call('HDEL', KEYS[1], 'owner', 'revoked_by', 'rseq')
-redis.call('DEL', KEYS[2])
 flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
 return {1, recorded}
 """
@@ -432,7 +437,9 @@ return {1, recorded}
 _RENEW = r"""
 -- KEYS: 1 lease, 2 live. ARGV: 1 run id, 2 ttl ms
 local h = redis.call('HMGET', KEYS[1], 'owner', 'revoked_by')
-if h[1] == ARGV[1] and h[2] and h[2] ~= '' then return {'revoked', h[2]} end
+-- The owner field first: a released lease's live key is left to expire.
+if h[1] ~= ARGV[1] then return {'lost'} end
+if h[2] and h[2] ~= '' then return {'revoked', h[2]} end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'lost'} end
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 local t = redis.call('TIME')
