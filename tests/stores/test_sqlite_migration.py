@@ -178,4 +178,5 @@ def test_a_new_database_has_the_v3_schema(tmp_path: Path, clock: FakeClock) -> N
 
     assert "WITHOUT ROWID" in sql["runs"] and "AUTOINCREMENT" not in sql["events"]
     assert "locks" in sql
-    assert {"runs_job_started", "runs_open", "events_job_at"} <= indexes and "events_run" not in indexes
+    assert {"runs_job_started", "runs_open", "events_job_at", "events_event_id"} <= indexes
+    assert "events_run" not in indexes
