@@ -21,7 +21,6 @@ lives in ``config_file`` (with ``tomllib`` and, for cron schedules,
 ``cronsim``), imported only when there is a file.
 """
 
-from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence

@@ -7,13 +7,12 @@ and processing a dozen frozen dataclasses cost several times the whole
 wrapper's own work (measured with callgrind: ~100M instructions against
 ~20M). Change one with ``record._replace(field=value)``."""
 
-from __future__ import annotations
 
 import enum
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 """The default for mappings in records: shared, so it must be read-only."""
@@ -109,7 +108,7 @@ class Event(_EventFields):
         data: Mapping[str, Any] = EMPTY,
         event_id: str = "",
         seq: int | None = None,
-    ) -> Event:
+    ) -> Self:
         return super().__new__(cls, kind, job, at, run_id, data, event_id or new_id(), seq)
 
 

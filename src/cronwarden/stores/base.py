@@ -95,12 +95,11 @@ again, so receivers deduplicate by ``event_id``.
     and prune the acknowledged set below it, so the set stays small.
 """
 
-from __future__ import annotations
 
 import abc
 import enum
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
@@ -254,7 +253,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
