@@ -597,6 +597,7 @@ class PostgresStore(Store):
         self._lock = threading.Lock()
         self._watchdog = _Watchdog()
         self._conn: psycopg.Connection[Any] | None = None
+        self._cursor: psycopg.Cursor[Any]
         self._pid = os.getpid()
         self._orphans: list[psycopg.Connection[Any]] = []
         self._poll = select.poll()
@@ -677,6 +678,10 @@ class PostgresStore(Store):
             except psycopg.Error as e:
                 raise self._connect_error(e) from None
             self._conn = conn
+            # One cursor per connection, kept: a new cursor per statement
+            # looks up every parameter's dumper and every column's loader
+            # again (~15-50 µs of CPU per call with ten parameters).
+            self._cursor = conn.cursor()
             self._poll = select.poll()
             self._poll.register(conn.pgconn.socket, select.POLLIN | select.POLLPRI)
         return conn
@@ -689,9 +694,9 @@ class PostgresStore(Store):
             return StoreError(f"cannot use PostgreSQL store {self.where}: {text}")
         return StoreUnavailable(f"PostgreSQL store {self.where} is unavailable: {text}")
 
-    def _call(self, fn: Callable[[psycopg.Connection[Any]], T], bound: float | None = None) -> T:
-        """Run ``fn`` on the connection, under the lock, within ``bound``
-        seconds (waiting for the lock included)."""
+    def _call(self, fn: Callable[[psycopg.Cursor[Any]], T], bound: float | None = None) -> T:
+        """Run ``fn`` on the connection's kept cursor, under the lock, within
+        ``bound`` seconds (waiting for the lock included)."""
         bound = self._call_timeout if bound is None else bound
         if not self._lock.acquire(timeout=bound):
             raise StoreUnavailable(f"PostgreSQL store {self.where}: another call of this process is stuck")
@@ -699,7 +704,7 @@ class PostgresStore(Store):
             conn = self._connection()
             generation = self._watchdog.arm(conn.pgconn.socket, bound)
             try:
-                return fn(conn)
+                return fn(self._cursor)
             except psycopg.Error as e:
                 raise self._call_error(conn, e, generation, bound) from None
             except BaseException:
@@ -814,11 +819,10 @@ class PostgresStore(Store):
         # not the full statement budget.
         bound = min(self._call_timeout, max(0.5, lease.ttl / 10))
 
-        def step(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
-            cur = conn.execute(self._sql.renew, (lease.ttl, lease.key, lease.run_id))
-            if cur.rowcount == 1:
+        def step(cur: psycopg.Cursor[Any]) -> tuple[Any, ...] | None:
+            if cur.execute(self._sql.renew, (lease.ttl, lease.key, lease.run_id)).rowcount == 1:
                 return None
-            row = conn.execute(self._sql.lease_owner, (lease.key,)).fetchone()
+            row = cur.execute(self._sql.lease_owner, (lease.key,)).fetchone()
             return row if row is not None else (None, None)
 
         why = self._call(step, bound)
