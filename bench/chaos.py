@@ -51,7 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON here (after every round)")
     p.add_argument(
-        "--report", nargs="+", metavar="JSON", help="only print the tables of earlier --json files"
+        "--report",
+        nargs="+",
+        metavar="JSON",
+        help="only print the tables of earlier --json files (runs of the same store, e.g. several seeds side by side, are added up)",
     )
     return p.parse_args(argv)
 
@@ -221,6 +224,34 @@ def report(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def merge(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per store: runs of the same store (e.g. several seeds run
+    side by side) add up — counts are summed, measurements concatenated."""
+    merged: dict[str, dict[str, Any]] = {}
+    for s in summaries:
+        into = merged.get(s["store"])
+        if into is None:
+            merged[s["store"]] = json.loads(json.dumps(s))  # a deep copy
+            continue
+        into["wall_s"] = max(into["wall_s"], s["wall_s"])
+        for key in ("fenced_cycles", "injections"):
+            into[key] += s[key]
+        for k, n in s["violations"].items():
+            into["violations"][k] = into["violations"].get(k, 0) + n
+        for key in ("violation_samples", "errors", "tracebacks", "expectation_samples"):
+            into[key] = into[key] + s[key]
+        for part in ("fenced", "control"):
+            for fault, f in s[part].items():
+                mine = into[part].setdefault(fault, {k: type(v)() for k, v in f.items()})
+                for k, v in f.items():
+                    if k == "counts":
+                        for name, n in v.items():
+                            mine["counts"][name] = mine["counts"].get(name, 0) + n
+                    else:
+                        mine[k] = mine[k] + v
+    return list(merged.values())
+
+
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -236,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.report:
             with open(path) as f:
                 summaries.extend(json.load(f)["stores"])
+        summaries = merge(summaries)
+        for s in summaries:
+            print(f"{s['store']}: {s['fenced_cycles']} fenced cycles, {s['injections']} faults injected")
+        print()
         print(report(summaries))
         return 0 if all(ok(s) for s in summaries) else 1
     stores = STORES if args.store == "all" else (args.store,)
