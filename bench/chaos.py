@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--report",
         nargs="+",
         metavar="JSON",
-        help="only print the tables of earlier --json files (runs of the same store, e.g. several seeds side by side, are added up)",
+        help="only print the tables of earlier --json files; runs of the same store "
+        "(e.g. several seeds side by side) are added up",
     )
     return p.parse_args(argv)
 
