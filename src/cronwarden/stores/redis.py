@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 import threading
 import weakref
@@ -645,6 +646,8 @@ class RedisStore(Store):
         self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
         self._k_job_counts = p + "jobs:n"
         self._servers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._kept: tuple[Any, int] = (None, 0)
+        self._kept_lock = threading.Lock()
 
         # Retention is part of the script text (one script per setting), not
         # an argument on every call. Scripts are sent by EVALSHA, by EVAL on
@@ -773,8 +776,41 @@ class RedisStore(Store):
             raise self._error(e) from None
 
     def _send(self, script: _Lua, keys: list[str], args: list[str], server: int, client: redis.Redis) -> Any:
+        # One connection is kept out of the pool for whichever thread calls
+        # first (taking one from the pool and giving it back costs a call
+        # ~30 µs of CPU in redis-py 8); a concurrent caller uses the pool.
+        if client is self._client and self._kept_lock.acquire(blocking=False):
+            try:
+                return self._send_on(self._kept_connection(), script, keys, args, server)
+            finally:
+                self._kept_lock.release()
         pool = client.connection_pool
-        conn: Any = pool.get_connection()  # redis-py's connection methods are untyped
+        conn = pool.get_connection()
+        try:
+            return self._send_on(conn, script, keys, args, server)
+        finally:
+            pool.release(conn)
+
+    def _kept_connection(self) -> Any:
+        conn, pid = self._kept
+        if conn is None or pid != os.getpid():  # first use, or a forked child: the pool resets itself
+            conn = self._client.connection_pool.get_connection()
+            self._kept = (conn, os.getpid())
+            return conn
+        # What the pool checks when it hands a connection out: one that died
+        # while idle (CLIENT KILL, a restart, an idle timeout) or has stray
+        # data is replaced, so the next call works.
+        conn.connect()  # a no-op when connected; raises when the server cannot be reached
+        try:
+            if conn.can_read():
+                raise RedisConnectionError("connection has unread data")
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()  # now, not when it sends: the server id is read after this
+        return conn
+
+    def _send_on(self, conn: Any, script: _Lua, keys: list[str], args: list[str], server: int) -> Any:
+        # conn: Any, since redis-py's connection methods are untyped.
         try:
             if server >= 0:
                 args = [*args[:server], self._server_id(conn), *args[server:]]
@@ -787,11 +823,9 @@ class RedisStore(Store):
         except ResponseError:
             raise  # the reply was read whole: the connection is fine
         except BaseException:
-            # A reply may still be on its way: never hand this connection out again as is.
+            # A reply may still be on its way: never use this connection again as is.
             conn.disconnect()
             raise
-        finally:
-            pool.release(conn)
 
     def _server_id(self, conn: Any) -> str:
         """The ``run_id`` of the server process this connection talks to,
@@ -800,6 +834,7 @@ class RedisStore(Store):
         the process that will execute the script sent on it: a restart, a
         failover or a restored snapshot shows as a different id, at the cost
         of one ``INFO`` per connection instead of one per grant."""
+        conn.connect()  # a no-op when connected; a reconnect forgets the id first
         srv = self._servers.get(conn)
         if srv is None:
             conn.register_connect_callback(self._forget_server)
@@ -1257,6 +1292,11 @@ class RedisStore(Store):
             for client in self._renewers.values():
                 client.connection_pool.disconnect()
             self._renewers.clear()
+        with self._kept_lock:
+            conn, pid = self._kept
+            if conn is not None and pid == os.getpid():
+                self._client.connection_pool.release(conn)
+            self._kept = (None, 0)
         if self._owns_client:
             self._client.close()
 
