@@ -120,7 +120,7 @@ local RUNS_MAX, EVENTS_MAX = tonumber('{runs_max}'), tonumber('{events_max}')
 local RUNS_BATCH = math.min(32, math.floor(RUNS_MAX / 8))
 local EVENTS_BATCH = math.min(32, math.floor(EVENTS_MAX / 8))
 -- Retention is checked every CHECK events of a job: the limits are exceeded
--- by at most that many between checks (exact when a limit is below 8).
+-- by at most that many between checks (exact when a limit is below 16).
 local CHECK = math.max(1, math.min(EVENTS_BATCH, RUNS_BATCH))
 
 local function jstr(s) return cjson.encode(s) end
