@@ -21,7 +21,6 @@ lives in ``config_file`` (with ``tomllib`` and, for cron schedules,
 ``cronsim``), imported only when there is a file.
 """
 
-
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple

@@ -7,7 +7,6 @@ and processing a dozen frozen dataclasses cost several times the whole
 wrapper's own work (measured with callgrind: ~100M instructions against
 ~20M). Change one with ``record._replace(field=value)``."""
 
-
 import enum
 import os
 from collections.abc import Mapping

@@ -4,6 +4,7 @@ never writes to the ledger."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -53,7 +54,7 @@ def test_tokens_increase_across_unlock(store: Store) -> None:
         assert store.unlock("leader", f"owner-{i}")
 
     assert tokens == sorted(set(tokens))
-    assert all(b == a + 1 for a, b in zip(tokens, tokens[1:], strict=False))
+    assert all(b == a + 1 for a, b in itertools.pairwise(tokens))
 
 
 def test_stale_unlock_changes_nothing(store: Store, clock: Clock) -> None:

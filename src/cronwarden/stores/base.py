@@ -95,7 +95,6 @@ again, so receivers deduplicate by ``event_id``.
     and prune the acknowledged set below it, so the set stays small.
 """
 
-
 import abc
 import enum
 from collections.abc import Sequence
