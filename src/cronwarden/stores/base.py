@@ -240,14 +240,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None: ...
 
-    def lock(self, key: str, owner: str, ttl: float) -> int | None:
-        raise NotImplementedError(f"{type(self).__name__} has no bare lock yet")
+    @abc.abstractmethod
+    def lock(self, key: str, owner: str, ttl: float) -> int | None: ...
 
-    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
-        raise NotImplementedError(f"{type(self).__name__} has no bare lock yet")
+    @abc.abstractmethod
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool: ...
 
-    def unlock(self, key: str, owner: str) -> bool:
-        raise NotImplementedError(f"{type(self).__name__} has no bare lock yet")
+    @abc.abstractmethod
+    def unlock(self, key: str, owner: str) -> bool: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...
