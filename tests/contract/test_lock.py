@@ -68,6 +68,16 @@ def test_stale_unlock_changes_nothing(store: Store, clock: Clock) -> None:
     assert (store.lock("leader", "c", LONG_TTL) or 0) > taken
 
 
+def test_unlock_after_expiry_is_false_even_if_nobody_took_it(store: Store, clock: Clock) -> None:
+    if not isinstance(clock, FakeClock):
+        pytest.skip("needs a clock the test moves: the SQLite store's injected clock")
+    assert store.lock("leader", "a", 10.0) is not None
+    clock.advance(11.0)
+
+    assert store.unlock("leader", "a") is False
+    assert store.lock("leader", "b", 10.0) is not None
+
+
 def test_renew_only_by_the_owner_and_only_before_expiry(store: Store, clock: Clock) -> None:
     ttl = short_ttl(clock)
     assert store.lock("leader", "a", ttl) is not None

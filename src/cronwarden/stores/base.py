@@ -62,7 +62,8 @@ lock named like a job's lease key is a different lease. Same G1, G2, G4.
     not expired. Returns whether it did.
 
 ``unlock(key, owner)``
-    Release iff ``owner`` still holds the key (a stale unlock changes
+    Release iff ``owner`` still holds the key and it has not expired (a stale
+    unlock, or one after the ttl even if nobody took the key since, changes
     nothing). Returns whether it did.
 
 The read side (``open_runs``, ``runs``, ``events``, ``jobs``) returns frozen
