@@ -86,6 +86,15 @@ def backend_pids(conn: psycopg.Connection, application_name: str) -> list[int]:
     return [r[0] for r in rows]
 
 
+def waits_on_a_lock(conn: psycopg.Connection, application_name: str) -> bool:
+    """Whether the session named ``application_name`` is waiting on a lock."""
+    row = conn.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (application_name,),
+    ).fetchone()
+    return row is not None
+
+
 def terminate(conn: psycopg.Connection, application_name: str) -> list[int]:
     """End the sessions of ``application_name`` and wait until they are gone."""
     pids = backend_pids(conn, application_name)
@@ -242,16 +251,7 @@ def test_session_killed_during_a_renewal_fails_it_and_the_next_renewal_reconnect
 
         renewer = threading.Thread(target=renew)
         renewer.start()
-        wait_for(
-            "the renewal to wait on the row lock",
-            lambda: bool(
-                kill.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
-                    (name,),
-                ).fetchone()
-            ),
-            timeout=5,
-        )
+        wait_for("the renewal to wait on the row lock", lambda: waits_on_a_lock(kill, name), timeout=5)
         terminate(kill, name)
         renewer.join(timeout=10)
         blocker.execute("ROLLBACK")
@@ -326,16 +326,7 @@ def test_lock_call_killed_in_flight_fails_loudly_and_grants_nothing(shared: str)
 
         taker = threading.Thread(target=take)
         taker.start()
-        wait_for(
-            "the lock() to wait on the row lock",
-            lambda: bool(
-                kill.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
-                    (name,),
-                ).fetchone()
-            ),
-            timeout=5,
-        )
+        wait_for("the lock() to wait on the row lock", lambda: waits_on_a_lock(kill, name), timeout=5)
         time.sleep(0.6)  # the holder's lock expires while the contender waits
         terminate(kill, name)
         taker.join(timeout=10)
