@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import pytest
 from tests.contract import assert_one_terminal_per_start, ledger
+from tests.processes import alive
 
 from cronwarden.events import EventKind, Outcome
 from cronwarden.stores import open_store
@@ -71,15 +72,6 @@ def started_runs(work: Path) -> dict[str, int]:
         if text:
             out[f.name.removesuffix(".pid")] = int(text)
     return out
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie nobody reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:

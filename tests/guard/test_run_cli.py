@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests.contract import assert_one_terminal_per_start, ledger
+from tests.processes import alive
 
 from cronwarden.events import EventKind, Outcome
 from cronwarden.stores import open_store
@@ -34,15 +35,6 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):  # type
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie nobody reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_two_runs_started_together_run_the_command_once(store_url: str, tmp_path: Path) -> None:
