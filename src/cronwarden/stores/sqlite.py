@@ -43,13 +43,11 @@ job scans the ledger; nothing on a hot path asks for it.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from json.encoder import encode_basestring_ascii
 from typing import Any, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
@@ -58,6 +56,14 @@ from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavaila
 from cronwarden.events import Event, EventKind, JobInfo, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
+
+try:
+    # The C function json.encoder itself uses. ``json`` is imported only off
+    # the per-run path (reads, unusual values): importing it compiles its
+    # decoder's regular expressions, ~5M instructions on every cron tick.
+    from _json import encode_basestring_ascii
+except ImportError:  # pragma: no cover - an interpreter without the _json accelerator
+    from json.encoder import encode_basestring_ascii
 from cronwarden.stores.base import (
     NEW_SINK_BACKFILL,
     End,
@@ -349,6 +355,8 @@ class SqliteStore(Store):
 
     @staticmethod
     def _insert_event(db: sqlite3.Connection, event: Event) -> None:
+        import json
+
         data = json.dumps(dict(event.data), separators=(",", ":"), default=str)
         db.execute(_INSERT_EVENT, (event.event_id, event.kind.value, event.job, event.run_id, event.at, data))
 
@@ -794,7 +802,11 @@ _UNLOCK = (
 
 def _str(value: object) -> str:
     """``value`` as json.dumps writes it, fast for a str."""
-    return encode_basestring_ascii(value) if type(value) is str else json.dumps(value, default=str)
+    if type(value) is str:
+        return str(encode_basestring_ascii(value))
+    import json
+
+    return json.dumps(value, default=str)
 
 
 def _num(value: object) -> str:
@@ -803,6 +815,8 @@ def _num(value: object) -> str:
         return "null"
     if type(value) is int or (type(value) is float and math.isfinite(value)):
         return repr(value)
+    import json
+
     return json.dumps(value, default=str)
 
 
@@ -867,6 +881,8 @@ def _mark(db: sqlite3.Connection, sink: str) -> int | None:
 
 
 def _event(row: Any) -> Event:
+    import json
+
     seq, eid, kind, job, rid, at, data = row
     return Event(
         seq=seq, event_id=eid, kind=EventKind(kind), job=job, run_id=rid, at=at, data=json.loads(data)
