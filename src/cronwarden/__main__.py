@@ -1,5 +1,3 @@
-import sys
+from cronwarden.cli import console
 
-from cronwarden.cli import main
-
-sys.exit(main())
+console()

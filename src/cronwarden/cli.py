@@ -4,21 +4,26 @@ define its flags, calls the library, prints.
 Each subcommand lives in a module listed in ``COMMANDS`` with two functions:
 ``configure(parser)`` adds its arguments and ``main(args) -> int`` runs it.
 Only the module of the command being run is imported: the per-tick cost of
-``cronwarden run`` is its import graph. Every bad input ends as one line
+``cronwarden run`` is its import graph. A module may also write its flags as
+a ``FLAGS`` table, which ``configure`` hands to argparse and ``parse_plain``
+reads without it, so a plain ``cronwarden run`` line never imports argparse. Every bad input ends as one line
 ``cronwarden: …`` and exit status 2 (or the error's documented status),
 never a traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cronwarden.errors import CronwardenError, UsageError
+
+if TYPE_CHECKING:
+    import argparse
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("cronwarden.commands.run", "run a command under the job's lease (drop-in for flock -n)"),
@@ -38,24 +43,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line and exits 2."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog.removeprefix('cronwarden').strip() or 'usage'}: {message} "
-                         f"(see {self.prog} --help)")  # fmt: skip
-
-
-def _formatter(prog: str) -> argparse.HelpFormatter:
-    """argparse's formatter, told the terminal width: left to itself it imports
-    shutil (and with it bz2, lzma) on every parser, on the wrapper's hot path."""
-    try:
-        width = os.get_terminal_size().columns - 2
-    except OSError:
-        width = 78
-    return argparse.RawDescriptionHelpFormatter(prog, width=max(40, width))
-
-
 def duration(what: str) -> Callable[[str], float]:
     """An argparse ``type`` for a positive duration flag."""
 
@@ -68,9 +55,15 @@ def duration(what: str) -> Callable[[str], float]:
     return parse
 
 
+STORE_FLAG: dict[str, Any] = {
+    "metavar": "URL",
+    "help": "sqlite:///PATH (default: $CRONWARDEN_STORE or ~/.local/state/cronwarden/cronwarden.db), "
+    "postgresql://…, redis://…",
+}
+
+
 def add_store_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", metavar="URL", help="sqlite:///PATH (default: $CRONWARDEN_STORE or "
-                   "~/.local/state/cronwarden/cronwarden.db), postgresql://…, redis://…")  # fmt: skip
+    p.add_argument("--store", **STORE_FLAG)
 
 
 def store_url(args: Any, configured: str | None = None) -> str:
@@ -94,11 +87,97 @@ def _entry(name: str, what: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def command_parser(name: str) -> Parser:
-    p = Parser(prog=f"cronwarden {name}", description=COMMANDS[name][1],
-               formatter_class=_formatter)  # fmt: skip
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The command's argparse parser: its ``--help``, and a one-line error
+    (exit 2) for a bad flag. Imported here only: ``run``'s plain command
+    lines never need it (``parse_plain``)."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(f"{self.prog.removeprefix('cronwarden').strip() or 'usage'}: {message} "
+                             f"(see {self.prog} --help)")  # fmt: skip
+
+    def formatter(prog: str) -> argparse.HelpFormatter:
+        # Told the terminal width: left to itself argparse imports shutil
+        # (and with it bz2, lzma) for every parser.
+        try:
+            width = os.get_terminal_size().columns - 2
+        except OSError:
+            width = 78
+        return argparse.RawDescriptionHelpFormatter(prog, width=max(40, width))
+
+    p = Parser(prog=f"cronwarden {name}", description=COMMANDS[name][1], formatter_class=formatter)
     _entry(name, "configure")(p)
     return p
+
+
+def add_flags(p: argparse.ArgumentParser, flags: Mapping[str, Mapping[str, Any]]) -> None:
+    """Give argparse a command's ``FLAGS`` table (see ``parse_plain``)."""
+    groups: dict[str, Any] = {}
+    for name, spec in flags.items():
+        kwargs = dict(spec)
+        group = kwargs.pop("group", None)
+        target = p if group is None else groups.setdefault(group, p.add_mutually_exclusive_group())
+        target.add_argument(name, **kwargs)
+
+
+def parse_plain(flags: Mapping[str, Mapping[str, Any]], argv: Sequence[str]) -> SimpleNamespace | None:
+    """``argv`` read with a command's ``FLAGS`` table (argparse keywords by
+    option) without argparse, when it is plain: each option spelled in full,
+    given at most once, as ``--flag VALUE`` or ``--flag=VALUE``, then ``--``
+    and the command, kept in ``command`` with its ``--``. Anything else (help,
+    an abbreviation, a value that starts with ``-``, a missing, unknown or
+    conflicting flag, a bad choice) returns None, and argparse parses it and
+    words the error: the result is always what argparse would give.
+
+    Why: importing argparse and building ``run``'s parser is ~16M
+    instructions, ~7% of a ``cronwarden run`` on every cron tick."""
+    given: dict[str, str | bool] = {}
+    i = 0
+    while True:
+        if i >= len(argv):
+            return None
+        arg = argv[i]
+        if arg == "--":
+            break
+        name, eq, value = arg.partition("=")
+        spec = flags.get(name)
+        if spec is None or name in given:
+            return None
+        if spec.get("action") == "store_true":
+            if eq:
+                return None
+            given[name] = True
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+            i += 1
+        if value.startswith("-") or value not in spec.get("choices", (value,)):
+            return None
+        given[name] = value
+        i += 1
+    groups = [flags[n]["group"] for n in given if "group" in flags[n]]
+    if len(groups) != len(set(groups)) or any(s.get("required") and n not in given for n, s in flags.items()):
+        return None
+    ns = SimpleNamespace(command=list(argv[i:]))
+    for name, spec in flags.items():
+        convert = spec.get("type")
+        result: Any
+        if name not in given:
+            result = spec.get("default", False if spec.get("action") == "store_true" else None)
+        elif convert is not None:
+            try:
+                result = convert(given[name])
+            except (ValueError, TypeError):
+                return None  # argparse's "invalid int value: …"
+        else:
+            result = given[name]
+        setattr(ns, spec.get("dest", name[2:].replace("-", "_")), result)
+    return ns
 
 
 def _overview() -> str:
@@ -134,7 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = args[0]
         if name not in COMMANDS:
             raise UsageError(f"unknown command {name!r}; expected one of {', '.join(COMMANDS)}")
-        return int(_entry(name, "main")(command_parser(name).parse_args(args[1:])))
+        flags = getattr(importlib.import_module(COMMANDS[name][0]), "FLAGS", None)
+        parsed: Any = None if flags is None else parse_plain(flags, args[1:])
+        if parsed is None:
+            parsed = command_parser(name).parse_args(args[1:])
+        return int(_entry(name, "main")(parsed))
     except CronwardenError as e:
         print(f"cronwarden: {e}", file=sys.stderr)
         return e.exit_code
@@ -144,5 +227,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def console() -> NoReturn:
+    """The ``cronwarden`` console script and ``python -m cronwarden``:
+    ``main`` on ``sys.argv``, then exit with its status."""
+    code = main()
+    if sys.argv[1:2] == ["run"]:
+        _end_run_process(code)
+    sys.exit(code)
+
+
+def _end_run_process(code: int) -> None:
+    """Exit a finished ``cronwarden run`` at once, without the interpreter's
+    teardown (freeing every module, collecting their cycles): ~20M
+    instructions, a tenth of what the wrapper costs on each cron tick, for
+    nothing. When ``run`` returns, its ledger writes are committed and the
+    store is closed, its heartbeat thread has stopped and its command has
+    ended. Only when no other thread is running and no sink was loaded (a
+    sink's library may keep events to send in an atexit hook), and after
+    stdout and stderr are flushed; otherwise this returns and the caller
+    exits normally."""
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return
+    if "cronwarden.outbox" in sys.modules:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed pipe or stream: what was written is all there is
+    os._exit(code & 0xFF)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()

@@ -3,11 +3,11 @@ import only what one guarded run of one child needs."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from cronwarden.cli import STORE_FLAG, add_flags, duration
 from cronwarden.config import DEFAULT_TTL, JobSettings
 from cronwarden.durations import format_duration
 from cronwarden.errors import StoreUnavailable, UsageError
@@ -16,6 +16,8 @@ from cronwarden.guard import Guard, Options, Run, Warden
 from cronwarden.policy import Policy
 
 if TYPE_CHECKING:
+    import argparse
+
     from cronwarden.schedule import Schedule
     from cronwarden.stores.base import Store
     from cronwarden.supervisor import SignalRelay
@@ -139,8 +141,50 @@ def _exit_code(text: str) -> int:
     return int(text)
 
 
+FLAGS: dict[str, dict[str, Any]] = {
+    "--job": {"required": True, "help": "job name (letters, digits, _ . @ -)"},
+    "--config": {"metavar": "PATH", "help": "config file (default: $CRONWARDEN_CONFIG, else "
+                 "./cronwarden.toml if present); the job's settings there are the defaults of these flags"},
+    "--ttl": {"type": duration("--ttl"), "metavar": "DURATION",
+              "help": "lease time-to-live, renewed every ttl/3 (default 60s)"},
+    "--every": {"group": "when", "metavar": "DURATION",
+                "help": "the job's period, e.g. 10m (slots, monitor)"},
+    "--schedule": {"group": "when", "metavar": "CRON",
+                   "help": "the job's cron expression, e.g. '*/10 * * * *'"},
+    "--tz": {"metavar": "ZONE", "help": "time zone of --schedule (default: local)"},
+    "--policy": {"choices": [x.value for x in Policy],
+                 "help": "what a start does while another run holds the lease (default skip)"},
+    "--reason": {"metavar": "SENTENCE",
+                 "help": "one sentence: why this policy (recorded for the monitor and on-call)"},
+    "--grace": {"type": duration("--grace"), "metavar": "DURATION",
+                "help": "how late a run may start before the monitor calls the slot missed"},
+    "--shard": {"metavar": "KEY", "help": "partition for policy allow: the lease key is JOB:KEY"},
+    "--allow-unpartitioned": {"action": "store_true", "default": None,
+                              "help": "policy allow without --shard (needs --reason; overlaps are recorded)"},
+    "--renew-every": {"type": duration("--renew-every"), "metavar": "DURATION",
+                      "help": "heartbeat interval (default ttl/3; must be less than the ttl)"},
+    "--max-runtime": {"type": duration("--max-runtime"), "metavar": "DURATION",
+                      "help": "stop the run after this long and record timed_out"},
+    "--max-pending": {"type": int, "metavar": "N",
+                      "help": "policy queue: most starts kept pending (default 1: coalesce)"},
+    "--replace-grace": {"type": duration("--replace-grace"), "metavar": "DURATION",
+                        "help": "policy replace: SIGTERM-to-SIGKILL time for the old run (default 10s, "
+                        "at most what is left of its lease)"},
+    "--skip-exit-code": {"type": _exit_code, "default": 0, "metavar": "N",
+                         "help": "exit status when the start is skipped or queued (default 0)"},
+    "--on-store-error": {"choices": ["fail", "run"], "default": "fail",
+                         "help": "store unreachable: fail closed (default, exit 75) or run unguarded"},
+    "--quiet": {"action": "store_true", "help": "no line on stderr for a skip"},
+    "--store": STORE_FLAG,
+}  # fmt: skip
+"""``run``'s flags, written once: ``configure`` gives them to argparse (for
+``--help`` and error messages); ``cli.parse_plain`` reads a plain cron line
+with them, without importing argparse. Keys of each entry are argparse's;
+``group`` names a mutually exclusive group."""
+
+
 def configure(p: argparse.ArgumentParser) -> None:
-    from cronwarden.cli import add_store_flag, duration
+    import argparse
 
     p.usage = "cronwarden run --job NAME [options] -- COMMAND [ARG...]"
     p.description = (
@@ -148,40 +192,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "policy (default skip: recorded with the holder's run id, host, pid and age)."
     )
     p.epilog = EPILOG
-    p.add_argument("--job", required=True, help="job name (letters, digits, _ . @ -)")
-    p.add_argument("--config", metavar="PATH",
-                   help="config file (default: $CRONWARDEN_CONFIG, else ./cronwarden.toml if present); "
-                   "the job's settings there are the defaults of these flags")  # fmt: skip
-    p.add_argument("--ttl", type=duration("--ttl"), metavar="DURATION",
-                   help="lease time-to-live, renewed every ttl/3 (default 60s)")  # fmt: skip
-    when = p.add_mutually_exclusive_group()
-    when.add_argument("--every", metavar="DURATION", help="the job's period, e.g. 10m (slots, monitor)")
-    when.add_argument("--schedule", metavar="CRON", help="the job's cron expression, e.g. '*/10 * * * *'")
-    p.add_argument("--tz", metavar="ZONE", help="time zone of --schedule (default: local)")
-    p.add_argument("--policy", choices=[x.value for x in Policy],
-                   help="what a start does while another run holds the lease (default skip)")  # fmt: skip
-    p.add_argument("--reason", metavar="SENTENCE",
-                   help="one sentence: why this policy (recorded for the monitor and on-call)")  # fmt: skip
-    p.add_argument("--grace", type=duration("--grace"), metavar="DURATION",
-                   help="how late a run may start before the monitor calls the slot missed")  # fmt: skip
-    p.add_argument("--shard", metavar="KEY", help="partition for policy allow: the lease key is JOB:KEY")
-    p.add_argument("--allow-unpartitioned", action="store_true", default=None,
-                   help="policy allow without --shard (needs --reason; overlaps are recorded)")  # fmt: skip
-    p.add_argument("--renew-every", type=duration("--renew-every"), metavar="DURATION",
-                   help="heartbeat interval (default ttl/3; must be less than the ttl)")  # fmt: skip
-    p.add_argument("--max-runtime", type=duration("--max-runtime"), metavar="DURATION",
-                   help="stop the run after this long and record timed_out")  # fmt: skip
-    p.add_argument("--max-pending", type=int, metavar="N",
-                   help="policy queue: most starts kept pending (default 1: coalesce)")  # fmt: skip
-    p.add_argument("--replace-grace", type=duration("--replace-grace"), metavar="DURATION",
-                   help="policy replace: SIGTERM-to-SIGKILL time for the old run (default 10s, "
-                   "at most what is left of its lease)")  # fmt: skip
-    p.add_argument("--skip-exit-code", type=_exit_code, default=0, metavar="N",
-                   help="exit status when the start is skipped or queued (default 0)")  # fmt: skip
-    p.add_argument("--on-store-error", choices=["fail", "run"], default="fail",
-                   help="store unreachable: fail closed (default, exit 75) or run unguarded")  # fmt: skip
-    p.add_argument("--quiet", action="store_true", help="no line on stderr for a skip")
-    add_store_flag(p)
+    add_flags(p, FLAGS)
     p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
