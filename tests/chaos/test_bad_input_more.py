@@ -221,19 +221,22 @@ def test_a_store_from_a_newer_cronwarden_is_refused_by_name(store_db: Path) -> N
     assert snapshot(store_db) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (issue 6): a foreign SQLite database with a table named like one of cronwarden's is "
-    "reported as 'table leases already exists' with exit 75 (store unavailable: retry later) instead of "
-    "exit 2 naming it as not a cronwarden store",
-)
-def test_a_foreign_database_with_a_leases_table_is_bad_input_not_an_outage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("table", ["leases", "cars"])
+def test_a_foreign_database_is_bad_input_not_an_outage_and_is_left_as_it_was(
+    tmp_path: Path, table: str
+) -> None:
+    """Once a finding (issue 6): a table named like one of cronwarden's made
+    the first open fail with 'table leases already exists' and exit 75
+    (retry later)."""
     db = tmp_path / "app.db"
     with contextlib.closing(sqlite3.connect(db)) as conn:
-        conn.execute("CREATE TABLE leases (car TEXT, customer TEXT)")
+        conn.execute(f"CREATE TABLE {table} (car TEXT, customer TEXT)")
+        conn.execute(f"INSERT INTO {table} VALUES ('tesla', 'ada')")
         conn.commit()
+    before = snapshot(db)
     done = cli("run", "--job", "job", "--store", f"sqlite:///{db}", *COMMAND)
-    one_line(done, 2, str(db))
+    one_line(done, 2, str(db), "not a cronwarden store", table)
+    assert snapshot(db) == before
 
 
 # -- environment ---------------------------------------------------------------------

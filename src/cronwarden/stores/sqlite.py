@@ -282,11 +282,15 @@ class SqliteStore(Store):
             raise StoreError(f"cannot open SQLite store {self.path}: {e}") from None
         try:
             self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                self._refuse_foreign()  # before WAL mode rewrites the file's header
             mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
             self._db.execute(f"PRAGMA synchronous = {synchronous}")
-            self._migrate()
+            if version != SCHEMA_VERSION:
+                self._migrate()
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise _store_error(self.path, e) from None
@@ -314,12 +318,25 @@ class SqliteStore(Store):
 
     # -- plumbing ---------------------------------------------------------
 
+    def _refuse_foreign(self) -> None:
+        """Schema version 0 is a new file, or another program's database: one
+        with tables of its own is not ours to change (a table named like one
+        of ours would fail the schema, or be written into)."""
+        tables = [r[0] for r in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' "
+            "ORDER BY name LIMIT 4")]  # fmt: skip
+        if tables:
+            named = ", ".join(tables[:3]) + (", …" if len(tables) > 3 else "")
+            raise StoreError(
+                f"{self.path} is not a cronwarden store: it holds other tables ({named}) and no cronwarden "
+                "schema version; give a new file or a cronwarden one (sqlite:///PATH)"
+            )
+
     def _migrate(self) -> None:
         """The schema version lives in SQLite's ``user_version`` header field,
-        so the common case (up to date) is one read with no write lock."""
+        so the common case (up to date) is one read at open, with no write
+        lock; this takes the lock and upgrades (or creates) the schema."""
         db = self._db
-        if db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
-            return
         db.execute("BEGIN IMMEDIATE")
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
