@@ -32,7 +32,6 @@ from chaos.checkers import Distribution
 from chaos.faults import KILLS, PAUSES, Backend, Fault, Injection, parent_of, signal_group, unique
 from chaos.referee import Referee
 from cronwarden.events import Event, EventKind, Outcome, RunRecord
-from cronwarden.guard import Options
 from cronwarden.lease import belief, renew_interval
 from cronwarden.stores import open_store
 from cronwarden.stores.base import EventQuery, Store
@@ -517,27 +516,29 @@ class Round:
 
     def _after_short_pause(self, inj: Injection, h: History) -> None:
         """A 0.5×ttl pause should not cost the lease. When it does, say whether
-        the pause ended before the supervisor's stop threshold (last renewal
-        + belief(ttl) − kill grace): after it, stopping is the design; before it,
-        it is a bug. The watcher's last reading before the pause dates the
-        last renewal no later than it happened, so "within" is certain."""
+        the pause ended before the holder's belief did (last renewal +
+        belief(ttl)), the supervisor's deadline for a renewal that is only
+        late: after it, stopping is the design; before it (by 0.1×ttl, the
+        time for the thawed heartbeat to renew), it is a bug. The watcher's
+        last reading before the pause dates the last renewal no later than it
+        happened, so "within" is certain."""
         r, ttl = self.result, self.cfg.ttl
         outcome = h.outcome(inj)
         if outcome is Outcome.SUCCEEDED:
             r.lease_kept += 1
             return
         r.lease_lost += 1
-        stop_after = (belief(ttl) - Options(ttl=ttl).kill_grace) / ttl
+        stop_after = belief(ttl) / ttl
         renewed = self._last_renewal(inj.target_run, inj.at)
         if renewed is None or inj.resumed is None:
             r.expectations.append(f"0.5×ttl pause of {inj.target_run}: recorded {outcome} (no renewal seen)")
             return
         ended = (inj.resumed - renewed) / ttl
-        within = ended + 0.05 < stop_after
+        within = ended + 0.1 < stop_after
         r.lost_within_budget += within
         r.expectations.append(
             f"0.5×ttl pause of {inj.target_run}: recorded {outcome}, exit {h.exit(inj)}; the pause ended "
-            f"{ended:.2f}×ttl after the last renewal, {'within' if within else 'past'} the stop threshold "
+            f"{ended:.2f}×ttl after the last renewal, {'within' if within else 'past'} the belief's end "
             f"{stop_after:.2f}×ttl"
         )
 

@@ -97,6 +97,9 @@ class Heartbeat:
         self._next_at = started_at + self.interval
         self.renewals = 0
         self.last_error: str | None = None
+        self.sending_since: float | None = None
+        """Monotonic time the renewal in flight was sent; None when none is."""
+        self.on_renewed: Callable[[], None] | None = None
 
     @property
     def lost_event(self) -> threading.Event:
@@ -124,6 +127,16 @@ class Heartbeat:
         """True while the lease may still be trusted."""
         t = self.clock.monotonic() if now is None else now
         return self.lost is None and t < self.deadline
+
+    def renewal_late(self, now: float, within: float) -> bool:
+        """True when the renewal due now has not failed and has not waited on
+        the store for ``within`` seconds: it is only late because this
+        heartbeat's thread ran late (the process was frozen, or starved of
+        CPU), and may still land before the deadline."""
+        if self.lost is not None or self.last_error is not None:
+            return False
+        since = self.sending_since
+        return self._next_at <= now if since is None else now - since < within
 
     def _declare_lost(self, why: LeaseLost) -> None:
         with _EVENTS:
@@ -155,7 +168,7 @@ class Heartbeat:
             return False
         if now < self._next_at:
             return True
-        sent = self.clock.monotonic()
+        sent = self.sending_since = self.clock.monotonic()
         try:
             self._renew()
         except LeaseLost as e:
@@ -166,10 +179,14 @@ class Heartbeat:
             self.last_error = str(e)
             self._next_at = self.clock.monotonic() + min(self.interval, self.ttl / 10)
             return True
+        finally:
+            self.sending_since = None
         self.renewals += 1
         self.last_error = None
         self.deadline = sent + belief(self.ttl)
         self._next_at = sent + self.interval
+        if self.on_renewed is not None:
+            self.on_renewed()
         return True
 
 

@@ -277,7 +277,8 @@ class Supervisor:
         self.child: Child | None = None
         self._wake_r, self._wake_w = os.pipe()
 
-    def _on_lost(self) -> None:
+    def _wake(self) -> None:
+        """Wake ``_wait`` to read the heartbeat again (a renewal, a loss)."""
         try:
             os.write(self._wake_w, b"x")
         except OSError:
@@ -287,18 +288,19 @@ class Supervisor:
         """Run the child to its end; return its exit status. Sets
         ``run.exit_code`` and, when it had to stop the child, ``run.stopped_by``."""
         hb = self.run.heartbeat
-        hb.on_lost = lambda _why: self._on_lost()
+        hb.on_lost = lambda _why: self._wake()
+        hb.on_renewed = self._wake
         try:
             self.child = Child(self.argv, self.env)
             self.relay.child = self.child
             if self.relay.signalled is not None:  # arrived while the command was starting
                 self.child.signal(self.relay.signalled)
             if hb.lost is not None:
-                self._on_lost()
+                self._wake()
             code = self._wait()
         finally:
             self.relay.child = None
-            hb.on_lost = None
+            hb.on_lost = hb.on_renewed = None
             os.close(self._wake_r)
             os.close(self._wake_w)
         self.run.exit_code = code
@@ -315,12 +317,22 @@ class Supervisor:
         while child.poll() is None:
             now = clock.monotonic()
             why = self.run.lost_reason()
-            # Stop early enough that SIGKILL lands before the belief ends.
-            if why is None and now >= hb.deadline - self.kill_grace:
+            # Stop early enough that SIGTERM's grace ends before the belief
+            # does; but not for a renewal that is only late (this process was
+            # frozen or starved, the store did not fail): it may still land
+            # before the deadline, and if it does not, lost_reason stops the
+            # child at the deadline, with SIGKILL at once (issue 6: a pause
+            # of half the ttl, thawed in the grace window, kept its lease).
+            threshold = hb.deadline - self.kill_grace
+            late = now >= threshold and hb.renewal_late(now, within=self.kill_grace)
+            if why is None and now >= threshold and not late:
                 why = LeaseLost(self.run.lease.key, hb.last_error or "renewal overdue")
             if why is not None:
                 return self._stop(why)
-            wake_at = hb.deadline - self.kill_grace
+            wake_at = threshold
+            if late:  # until it lands, fails, or has waited on the store for the grace
+                since = hb.sending_since
+                wake_at = hb.deadline if since is None else min(hb.deadline, since + self.kill_grace)
             if hb.stop_at is not None:
                 wake_at = min(wake_at, hb.stop_at)
             timeout = max(0.0, min(wake_at - now, hb.interval))

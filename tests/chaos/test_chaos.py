@@ -131,7 +131,7 @@ def test_fenced_runs_show_no_violation_under_the_fault(
         assert r.late_rejected >= FAULTS_PER_CELL, describe(r)
     if fault is Fault.PAUSE_SHORT:
         # Losing the lease to a 0.5×ttl pause is expected only when the pause
-        # ends past the supervisor's stop threshold (see test_pause_budget.py).
+        # ends past the holder's belief (see test_pause_budget.py).
         assert r.lost_within_budget == 0, describe(r)
     if fault is Fault.STORE_PAUSE:
         # Paused past the ttl: every holder stopped its work before its lease
