@@ -6,9 +6,9 @@ Each subcommand lives in a module listed in ``COMMANDS`` with two functions:
 Only the module of the command being run is imported: the per-tick cost of
 ``cronwarden run`` is its import graph. A module may also write its flags as
 a ``FLAGS`` table, which ``configure`` hands to argparse and ``parse_plain``
-reads without it, so a plain ``cronwarden run`` line never imports argparse. Every bad input ends as one line
-``cronwarden: …`` and exit status 2 (or the error's documented status),
-never a traceback.
+reads without it, so a plain ``cronwarden run`` line never imports argparse.
+Every bad input ends as one line ``cronwarden: …`` and exit status 2 (or the
+error's documented status), never a traceback.
 """
 
 from __future__ import annotations
