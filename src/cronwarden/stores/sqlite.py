@@ -56,14 +56,6 @@ from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavaila
 from cronwarden.events import Event, EventKind, JobInfo, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
-
-try:
-    # The C function json.encoder itself uses. ``json`` is imported only off
-    # the per-run path (reads, unusual values): importing it compiles its
-    # decoder's regular expressions, ~5M instructions on every cron tick.
-    from _json import encode_basestring_ascii
-except ImportError:  # pragma: no cover - an interpreter without the _json accelerator
-    from json.encoder import encode_basestring_ascii
 from cronwarden.stores.base import (
     NEW_SINK_BACKFILL,
     End,
@@ -79,6 +71,14 @@ from cronwarden.stores.base import (
     holder_data,
     run_from_row,
 )
+
+try:
+    # The C function json.encoder itself uses. ``json`` is imported only off
+    # the per-run path (reads, unusual values): importing it compiles its
+    # decoder's regular expressions, ~5M instructions on every cron tick.
+    from _json import encode_basestring_ascii
+except ImportError:  # pragma: no cover - an interpreter without the _json accelerator
+    from json.encoder import encode_basestring_ascii
 
 T = TypeVar("T")
 
