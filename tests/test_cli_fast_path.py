@@ -135,8 +135,12 @@ def run_console(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
     return p, probe.exists()
 
 
-def test_a_finished_run_exits_with_the_commands_status_and_no_teardown(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cw.db'}"
+def test_a_finished_run_exits_with_the_commands_status_and_no_teardown(
+    tmp_path: Path, store_url: str
+) -> None:
+    """On every store: their drivers leave no non-daemon thread and no exit
+    hook, and the store is closed before the process ends."""
+    url = store_url
     p, teardown = run_console(tmp_path, "run", "--job", "fast", "--store", url, "--",
                               "sh", "-c", "echo out; echo err >&2; exit 7")  # fmt: skip
     assert (p.returncode, p.stdout, p.stderr) == (7, "out\n", "err\n")

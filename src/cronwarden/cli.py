@@ -241,13 +241,16 @@ def _end_run_process(code: int) -> None:
     teardown (freeing every module, collecting their cycles): ~20M
     instructions, a tenth of what the wrapper costs on each cron tick, for
     nothing. When ``run`` returns, its ledger writes are committed and the
-    store is closed, its heartbeat thread has stopped and its command has
-    ended. Only when no other thread is running and no sink was loaded (a
-    sink's library may keep events to send in an atexit hook), and after
-    stdout and stderr are flushed; otherwise this returns and the caller
-    exits normally."""
+    store is closed, its heartbeat has stopped (its daemon thread, like the
+    PostgreSQL store's watchdog, may linger idle: daemon threads never hold
+    up an exit) and its command has ended. Only when no non-daemon thread is
+    running and no sink was loaded (a sink's library may keep events to send
+    in an atexit hook), and after stdout and stderr are flushed; otherwise
+    this returns and the caller exits normally."""
     threading = sys.modules.get("threading")
-    if threading is not None and threading.active_count() > 1:
+    if threading is not None and any(
+        not t.daemon for t in threading.enumerate() if t is not threading.current_thread()
+    ):
         return
     if "cronwarden.outbox" in sys.modules:
         return
