@@ -21,6 +21,7 @@ from cronwarden.commands import run
 from cronwarden.errors import UsageError
 from cronwarden.events import EventKind, Outcome
 from cronwarden.stores import open_store
+from cronwarden.stores.base import EventQuery
 
 
 def by_argparse(argv: list[str]) -> dict[str, Any] | str:
@@ -148,7 +149,7 @@ def test_a_finished_run_exits_with_the_commands_status_and_no_teardown(
     with open_store(url) as store:
         (r,) = store.runs("fast")
         assert (r.outcome, r.exit_code) == (Outcome.FAILED, 7)
-        kinds = [e.kind for e in store.events(cli_query("fast"))]
+        kinds = [e.kind for e in store.events(EventQuery(job="fast"))]
     assert sorted(kinds) == sorted([EventKind.STARTED, EventKind.FAILED])  # newest first
 
 
@@ -179,9 +180,3 @@ def test_other_commands_and_runs_with_sinks_tear_down_normally(tmp_path: Path) -
     assert p.returncode == 0, p.stderr
     assert teardown  # a sink was loaded: its library may hold events for an atexit hook
     assert '"kind":"succeeded"' in (tmp_path / "events.log").read_text().replace(" ", "")
-
-
-def cli_query(job: str) -> Any:
-    from cronwarden.stores.base import EventQuery
-
-    return EventQuery(job=job)

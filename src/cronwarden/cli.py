@@ -133,14 +133,12 @@ def parse_plain(flags: Mapping[str, Mapping[str, Any]], argv: Sequence[str]) -> 
 
     Why: importing argparse and building ``run``'s parser is ~16M
     instructions, ~7% of a ``cronwarden run`` on every cron tick."""
+    if "--" not in argv:
+        return None
+    end = list(argv).index("--")
     given: dict[str, str | bool] = {}
-    i = 0
-    while True:
-        if i >= len(argv):
-            return None
-        arg = argv[i]
-        if arg == "--":
-            break
+    words = iter(argv[:end])
+    for arg in words:
         name, eq, value = arg.partition("=")
         spec = flags.get(name)
         if spec is None or name in given:
@@ -149,21 +147,16 @@ def parse_plain(flags: Mapping[str, Mapping[str, Any]], argv: Sequence[str]) -> 
             if eq:
                 return None
             given[name] = True
-            i += 1
             continue
         if not eq:
-            if i + 1 >= len(argv):
-                return None
-            value = argv[i + 1]
-            i += 1
+            value = next(words, "-")  # no value: argparse says so
         if value.startswith("-") or value not in spec.get("choices", (value,)):
             return None
         given[name] = value
-        i += 1
     groups = [flags[n]["group"] for n in given if "group" in flags[n]]
     if len(groups) != len(set(groups)) or any(s.get("required") and n not in given for n, s in flags.items()):
         return None
-    ns = SimpleNamespace(command=list(argv[i:]))
+    ns = SimpleNamespace(command=list(argv[end:]))
     for name, spec in flags.items():
         convert = spec.get("type")
         result: Any

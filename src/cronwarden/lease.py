@@ -128,15 +128,19 @@ class Heartbeat:
         t = self.clock.monotonic() if now is None else now
         return self.lost is None and t < self.deadline
 
-    def renewal_late(self, now: float, within: float) -> bool:
-        """True when the renewal due now has not failed and has not waited on
-        the store for ``within`` seconds: it is only late because this
-        heartbeat's thread ran late (the process was frozen, or starved of
-        CPU), and may still land before the deadline."""
+    def late_until(self, now: float, within: float) -> float | None:
+        """While the renewal due now is only late (this heartbeat's thread
+        ran late: the process was frozen, or starved of CPU), the time until
+        which it may still land: the deadline, or ``within`` seconds after it
+        was sent, whichever is first. None when it is not merely late: it
+        failed, or has waited on the store for ``within`` seconds, or nothing
+        is due."""
         if self.lost is not None or self.last_error is not None:
-            return False
+            return None
         since = self.sending_since
-        return self._next_at <= now if since is None else now - since < within
+        if since is None:
+            return self.deadline if self._next_at <= now else None
+        return min(self.deadline, since + within) if now - since < within else None
 
     def _declare_lost(self, why: LeaseLost) -> None:
         with _EVENTS:

@@ -323,16 +323,15 @@ class Supervisor:
             # before the deadline, and if it does not, lost_reason stops the
             # child at the deadline, with SIGKILL at once (issue 6: a pause
             # of half the ttl, thawed in the grace window, kept its lease).
-            threshold = hb.deadline - self.kill_grace
-            late = now >= threshold and hb.renewal_late(now, within=self.kill_grace)
-            if why is None and now >= threshold and not late:
-                why = LeaseLost(self.run.lease.key, hb.last_error or "renewal overdue")
+            wake_at = hb.deadline - self.kill_grace
+            if why is None and now >= wake_at:
+                late_until = hb.late_until(now, within=self.kill_grace)
+                if late_until is None:
+                    why = LeaseLost(self.run.lease.key, hb.last_error or "renewal overdue")
+                else:  # until it lands, fails, or has waited on the store for the grace
+                    wake_at = late_until
             if why is not None:
                 return self._stop(why)
-            wake_at = threshold
-            if late:  # until it lands, fails, or has waited on the store for the grace
-                since = hb.sending_since
-                wake_at = hb.deadline if since is None else min(hb.deadline, since + self.kill_grace)
             if hb.stop_at is not None:
                 wake_at = min(wake_at, hb.stop_at)
             timeout = max(0.0, min(wake_at - now, hb.interval))

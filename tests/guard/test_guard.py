@@ -274,30 +274,33 @@ def test_the_heartbeat_thread_ends_when_the_warden_closes(store_url: str) -> Non
 def test_a_renewal_is_late_only_until_it_fails_or_waits_on_the_store_past_the_grace() -> None:
     """The supervisor lets a late renewal (its thread ran late: the process
     was frozen) run to the deadline; a failing or hung one gets SIGTERM at
-    the usual threshold (``Heartbeat.renewal_late``)."""
+    the usual threshold (``Heartbeat.late_until``)."""
     from cronwarden.clock import FakeClock
     from cronwarden.errors import StoreUnavailable
     from cronwarden.lease import Heartbeat
 
     clock = FakeClock()
-    seen: list[tuple[bool, bool]] = []
+    seen: list[tuple[float | None, float | None]] = []
     outcomes: list[Exception | None] = [None, StoreUnavailable("down")]
 
     def renew() -> None:
         now = clock.monotonic()  # in flight, sent just now
-        seen.append((hb.renewal_late(now + 0.4, within=0.5), hb.renewal_late(now + 0.6, within=0.5)))
+        seen.append((hb.late_until(now + 0.4, within=0.5), hb.late_until(now + 0.6, within=0.5)))
         failure = outcomes.pop(0)
         if failure is not None:
             raise failure
 
     hb = Heartbeat(renew, ttl=3.0, clock=clock, started_at=clock.monotonic())
-    assert not hb.renewal_late(clock.monotonic(), within=0.5)  # nothing due yet
+    assert hb.late_until(clock.monotonic(), within=0.5) is None  # nothing due yet
     clock.advance(2.4)  # frozen past the renewal due at 1.0 and past the threshold at 2.2
-    assert hb.renewal_late(clock.monotonic(), within=0.5)  # due and not sent: the thread is late
+    # due and not sent: the thread is late, and the renewal has until the deadline
+    assert hb.late_until(clock.monotonic(), within=0.5) == hb.deadline
+    sent, deadline = clock.monotonic(), hb.deadline
     assert hb._step()
-    assert seen == [(True, False)]  # in flight: late for the grace, hung after it
+    # in flight: late for the grace (but never past the deadline), hung after it
+    assert seen == [(min(deadline, sent + 0.5), None)]
     assert hb.deadline == clock.monotonic() + 2.7
     clock.advance(1.0)
     assert hb._step()  # this renewal fails (store unreachable)
     assert hb.last_error is not None
-    assert not hb.renewal_late(clock.monotonic(), within=0.5)  # a failing store is not a late thread
+    assert hb.late_until(clock.monotonic(), within=0.5) is None  # a failing store is not a late thread
