@@ -9,7 +9,15 @@ Issue 2's floor: ``Warden(store).guard("x")`` enter/exit at most 1.2x
 each statement its own autocommit transaction (two commits, like the store's
 ``acquire`` and ``finish``), on a WAL file with the same ``synchronous``.
 Also shown: the store's ``acquire`` + ``finish`` alone (no heartbeat thread,
-no ``Guard``), to tell the library's share from the store's.
+no ``Guard``), to tell the library's share from the store's; and the *ledger
+bound*: the least any design that records the run can write, to tell what
+the target asks of a ledger at all. There the run row is the lease (one
+``WITHOUT ROWID`` table keyed ``(key, token)``: a grant inserts the next
+token's row unless the newest row of the key is open; the end updates that
+row), in plain SQL, with no events: first with no index at all, then with the
+two indexes the reads need (runs of a job by start for ``history``, open
+runs for ``status``). Stale-owner abandonment and the event stream are left
+out, so it is a bound, not a store.
 
 Candidates run in interleaved blocks (see ``comparison.py``); each has its
 own key, the floor its own file, the store and the guard one store file, all
@@ -45,6 +53,28 @@ FLOOR_ACQUIRE = (
 )
 FLOOR_RELEASE = "UPDATE leases SET owner = NULL, expires = NULL WHERE key = ? AND owner = ?"
 
+BOUND_TABLE = (
+    "CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL, token INTEGER NOT NULL, run_id TEXT NOT NULL, "
+    "job TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, started_at REAL NOT NULL, expires REAL, "
+    "ended_at REAL, outcome TEXT, exit_code INTEGER, PRIMARY KEY (key, token)) WITHOUT ROWID"
+)
+BOUND_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS runs_job_started ON runs (job, started_at)",
+    "CREATE INDEX IF NOT EXISTS runs_open ON runs (started_at) WHERE outcome IS NULL",
+)
+# The newest row of the key decides: open means held (expiry is left out of
+# the bound: judging it adds no write).
+BOUND_ACQUIRE = (
+    "INSERT INTO runs (key, token, run_id, job, host, pid, started_at, expires) "
+    "SELECT ?1, coalesce((SELECT max(token) FROM runs WHERE key = ?1), 0) + 1, ?2, ?1, ?3, ?4, ?5, ?6 + ?7 "
+    "WHERE NOT EXISTS (SELECT 1 FROM (SELECT outcome FROM runs WHERE key = ?1 ORDER BY token DESC LIMIT 1) "
+    "WHERE outcome IS NULL) RETURNING token"
+)
+BOUND_FINISH = (
+    "UPDATE runs SET outcome = 'succeeded', ended_at = ?3, exit_code = 0, expires = NULL "
+    "WHERE key = ?1 AND token = ?2 AND outcome IS NULL"
+)
+
 
 def open_floor(path: str, synchronous: str) -> sqlite3.Connection:
     """The bare lease row's connection, with the store's settings: WAL, the
@@ -57,6 +87,23 @@ def open_floor(path: str, synchronous: str) -> sqlite3.Connection:
     return db
 
 
+def open_bound(path: str, synchronous: str, indexes: bool) -> sqlite3.Connection:
+    """The ledger bound's connection: the floor's settings, its own file."""
+    db = open_floor(path, synchronous)
+    db.execute(BOUND_TABLE)
+    for statement in BOUND_INDEXES if indexes else ():
+        db.execute(statement)
+    return db
+
+
+def bound_cycle(db: sqlite3.Connection, key: str, host: str, pid: int) -> None:
+    run_id = os.urandom(16).hex()
+    now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    row = db.execute(BOUND_ACQUIRE, (key, run_id, host, pid, time.time(), now, TTL)).fetchone()
+    assert row is not None, "ledger bound refused: another holder?"
+    db.execute(BOUND_FINISH, (key, row[0], time.time()))
+
+
 def floor_cycle(db: sqlite3.Connection, key: str) -> None:
     owner = os.urandom(16).hex()  # a run id, as every lease needs an owner
     now = time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -65,7 +112,8 @@ def floor_cycle(db: sqlite3.Connection, key: str) -> None:
     db.execute(FLOOR_RELEASE, (key, owner))
 
 
-def candidates(workdir: str, synchronous: str) -> tuple[Candidate, list[Candidate], list[object]]:
+def candidates(workdir: str, synchronous: str) -> tuple[Candidate, list[Candidate], list[object], list[str]]:
+    """The floor, the others, what to close, and each candidate's file (floor first)."""
     from cronwarden.events import Outcome, new_id
     from cronwarden.guard import Warden, this_host
     from cronwarden.stores import open_store
@@ -88,21 +136,32 @@ def candidates(workdir: str, synchronous: str) -> tuple[Candidate, list[Candidat
         with warden.guard("bench-guard", ttl=TTL):
             pass
 
+    bare = open_bound(os.path.join(workdir, f"bound-{tag}.db"), synchronous, indexes=False)
+    indexed = open_bound(os.path.join(workdir, f"bound-indexed-{tag}.db"), synchronous, indexes=True)
     floor = Candidate(f"floor: bare lease row, 2 statements ({tag})", lambda: floor_cycle(db, "bench"))
     others = [
+        Candidate(
+            f"ledger bound: run row = lease ({tag})",
+            lambda: bound_cycle(bare, "bench", host, pid),
+            note="reference: no index, no events",
+        ),
+        Candidate(
+            f"ledger bound + 2 read indexes ({tag})",
+            lambda: bound_cycle(indexed, "bench", host, pid),
+            note="reference: history/status indexes",
+        ),
         Candidate(f"store.acquire + store.finish ({tag})", store_cycle, note="reference: no Guard"),
         Candidate(f"Warden.guard enter/exit ({tag})", guard_cycle, TARGET),
     ]
-    return floor, others, [db, store]
+    files = [f"floor-{tag}.db", f"bound-{tag}.db", f"bound-indexed-{tag}.db"] + [f"store-{tag}.db"] * 2
+    return floor, others, [db, bare, indexed, store], files
 
 
 def wal_frames(workdir: str, synchronous: str, cycles: int = 20) -> None:
     """Pages each cycle appends to the WAL (and so writes and fsyncs): the
     floor's one lease row against the store's lease, run and event rows with
     their indexes."""
-    floor, others, closables = candidates(workdir, synchronous)
-    tag = synchronous.lower()
-    files = [f"floor-{tag}.db", f"store-{tag}.db", f"store-{tag}.db"]
+    floor, others, closables, files = candidates(workdir, synchronous)
     print(f"WAL pages appended per cycle (synchronous={synchronous}, mean of {cycles} cycles each):")
     try:
         for c, name in zip([floor, *others], files, strict=True):
@@ -127,7 +186,7 @@ def profile(workdir: str, synchronous: str, cycles: int) -> None:
     import cProfile
     import pstats
 
-    _, others, closables = candidates(workdir, synchronous)
+    _, others, closables, _ = candidates(workdir, synchronous)
     guard = others[-1]
     for _ in range(10):
         guard.op()
@@ -166,7 +225,7 @@ def main() -> int:
             print(f"warning: {workdir} is on {fstype}: fsync is free there; use --dir on a real disk")
         for sync in settings:
             started = time.monotonic()
-            floor, others, closables = candidates(workdir, sync)
+            floor, others, closables, _ = candidates(workdir, sync)
             try:
                 n = interleave(floor, others, min_rounds=5, budget=budget)
             finally:
