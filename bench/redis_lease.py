@@ -13,7 +13,16 @@ Issue 3's targets, measured in the same run:
   second (the same 4-process setup; a refused store start records ``skipped``).
 
 A reference row shows ``SET NX PX`` + ``INCR`` of a fencing counter in one Lua
-call, i.e. what any fenced lease costs.
+call, i.e. what any fenced lease costs. Another, the *minimal ledger*, asks
+whether issue 3's targets can be met by any design that keeps a ledger: two Lua
+calls and one written record per event, nothing else. Acquire is ``SET NX PX
+GET`` (the refused start learns the holder's run id in the same command), then
+``HINCRBY`` of a fencing counter and one ``HSET`` of the run's ``started``
+record, or, refused, one ``HSET`` of a ``skipped`` record naming the holder;
+finish is compare-and-delete plus one ``HSET`` of the terminal record. No
+retention, no index, no heartbeat state: what it costs is the least a
+ledger-keeping cycle can cost. It is in the uncontended table, the server-time
+table and the contended run (a third mode, refused starts recorded).
 
 Server time per cycle (``INFO commandstats``, all commands of a cycle) is
 measured on a private ``redis-server`` started for it (when the binary is
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import socket
 import statistics
 import sys
 import time
@@ -57,6 +67,39 @@ FENCED_SET = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end
 return false
 """
+
+
+# The minimal ledger (see the module docstring). KEYS: live lease, fencing hash,
+# runs hash. Every record is one field of the runs hash, keyed by run id:
+# "started|job|host|pid|started_at|token", overwritten by the terminal record
+# (which carries the same fields, so nothing is lost), or "skipped|job|host|pid|
+# at|holder run id". SET ... NX GET (Redis >= 7.0) returns the holder's value
+# when it refuses and nil when it sets, so a refused start costs no extra GET.
+LEDGER_ACQUIRE = """
+local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if holder then
+  redis.call('HSET', KEYS[3], ARGV[1], 'skipped|' .. ARGV[4] .. '|' .. holder)
+  return false
+end
+local token = redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+redis.call('HSET', KEYS[3], ARGV[1], 'started|' .. ARGV[4] .. '|' .. token)
+return token
+"""
+# KEYS: live lease, runs hash; ARGV: run id, terminal record. The terminal
+# record is written even when the lease was lost (the run did run); the return
+# value says whether the lease was still ours.
+LEDGER_FINISH = """
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then released = redis.call('DEL', KEYS[1]) end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return released
+"""
+LEDGER_KEEP = 10_000
+"""Memory cap of the minimal ledger: each client UNLINKs the runs hash after
+this many of its acquire calls (one extra round trip per 10,000, inside one
+timed operation, which the medians do not see). The hash stays bounded at
+about ``LEDGER_KEEP`` x clients records of ~100 bytes; a real ledger's
+retention (the store trims in its scripts) costs more than this."""
 
 
 def store_url(prefix: str, server: str = REDIS_URL) -> str:
@@ -95,6 +138,55 @@ class Floor:
 
     def refused_held(self) -> None:
         assert not self.client.set(self.key + ":held", "someone else", nx=True, px=TTL_MS)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class MinimalLedger:
+    """The least a ledger-keeping lease can do: lease + fencing token +
+    ``started`` record in one Lua call, release + terminal record in another,
+    and a refused start recorded as ``skipped`` by the first. Same client as
+    ``Floor``: a default ``redis.Redis`` on a kept connection."""
+
+    def __init__(self, prefix: str, server: str = REDIS_URL, job: str = "bench") -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(server)
+        self.acquire = self.client.register_script(LEDGER_ACQUIRE)
+        self.finish = self.client.register_script(LEDGER_FINISH)
+        self.key, self.fence = f"{prefix}minimal", f"{prefix}minimal:token"
+        self.runs = f"{prefix}minimal:runs"
+        self.job = job
+        self.who = f"{job}|{socket.gethostname()}|{os.getpid()}"
+        """The fixed part of every record: job, host, pid."""
+        self.calls = 0
+
+    def _acquire(self, key: str, run_id: str, at: float) -> Any:
+        self.calls += 1
+        if self.calls % LEDGER_KEEP == 0:
+            self.client.unlink(self.runs)
+        args = [run_id, TTL_MS, self.job, f"{self.who}|{at:.6f}"]
+        return self.acquire(keys=[key, self.fence, self.runs], args=args)
+
+    def try_cycle(self) -> bool:
+        run_id, started = os.urandom(16).hex(), time.time()
+        token = self._acquire(self.key, run_id, started)
+        if token is None:
+            return False
+        record = f"succeeded|{self.who}|{started:.6f}|{token}|{time.time():.6f}|0"
+        self.finish(keys=[self.key, self.runs], args=[run_id, record])
+        return True
+
+    def cycle(self) -> None:
+        assert self.try_cycle(), "minimal ledger lease refused: another holder?"
+
+    def hold(self) -> None:
+        self.client.set(self.key + ":held", "holder-run-id", px=TTL_MS * 10)
+
+    def refused(self) -> None:
+        """A start refused by a live holder: one ``skipped`` record."""
+        assert self._acquire(self.key + ":held", os.urandom(16).hex(), time.time()) is None
 
     def close(self) -> None:
         self.client.close()
@@ -151,19 +243,22 @@ class StoreCycle:
 
 def uncontended(prefix: str, quick: bool, budget: float) -> None:
     started = time.monotonic()
-    floor, store = Floor(prefix), StoreCycle(prefix, "bench")
+    floor, store, minimal = Floor(prefix), StoreCycle(prefix, "bench"), MinimalLedger(prefix)
     base = Candidate("(a) floor: SET NX PX + Lua compare-and-delete", floor.cycle)
     fenced = Candidate("ref: SET NX PX + INCR token in one Lua, + compare-and-delete", floor.fenced_cycle,
                        note="reference: a bare fenced lease")  # fmt: skip
+    ledger = Candidate("ref: minimal ledger (lease+token+run record / CAD+terminal record), 2 Lua calls",
+                       minimal.cycle, note="reference: the least a ledger-keeping cycle costs")  # fmt: skip
     bare = Candidate("(b) bare lease: store.lock + store.unlock", store.lock_cycle, BARE)
     cycle = Candidate("(c) full guarded cycle: store.acquire + store.finish", store.cycle, FULL)
     guard = Candidate("(c) full guarded cycle: Warden.guard enter/exit", store.guard_cycle, FULL)
-    others = [fenced, bare, cycle, guard]
+    others = [fenced, ledger, bare, cycle, guard]
     try:
         n = interleave(base, others, min_rounds=5, budget=budget)
     finally:
         floor.close()
         store.close()
+        minimal.close()
     print_table("uncontended: one acquire+release cycle on a kept connection", rows(base, others))
     print_footer(n, started)
 
@@ -206,17 +301,21 @@ def server_time(cycles: int) -> None:
             version = admin.info("server")["redis_version"]
             url = f"redis://127.0.0.1:{port}/0"
             floor, store = Floor("cw-bench:", url), StoreCycle("cw-bench:", "bench", url)
+            minimal = MinimalLedger("cw-bench:", url)
             holder = store.store.acquire(_held_start(store))
             assert isinstance(holder, Granted)
             floor.hold()
+            minimal.hold()
             script = ("evalsha", "eval")
             candidates = [
                 ("(a) floor: SET NX PX + Lua compare-and-delete", floor.cycle, ("set", *script)),
                 ("ref: SET NX PX + INCR in one Lua + compare-and-delete", floor.fenced_cycle, script),
+                ("ref: minimal ledger, 2 Lua calls", minimal.cycle, script),
                 ("(b) store.lock + store.unlock", store.lock_cycle, script),
                 ("(c) store.acquire + store.finish", store.cycle, script),
                 ("(c) Warden.guard enter/exit", store.guard_cycle, script),
                 ("refused: SET NX PX on a held key", floor.refused_held, ("set",)),
+                ("refused: minimal ledger acquire on a held key (records skipped)", minimal.refused, script),
                 ("refused: store.acquire on a held key (records skipped)", store.refused, script),
             ]
             print(f"\nserver time per cycle, private redis-server {version}, {cycles} cycles each: "
@@ -254,6 +353,7 @@ def server_time(cycles: int) -> None:
                       f"{max(means):>6.1f}  {trips:>5.1f}  {calls:>5.1f}  {what}")  # fmt: skip
             floor.close()
             store.close()
+            minimal.close()
         finally:
             admin.close()
             proc.terminate()
@@ -275,7 +375,13 @@ def _held_start(store: StoreCycle) -> Any:
 
 
 def _worker(mode: str, prefix: str, seconds: float, barrier: Any, results: Any) -> None:
-    worker: Floor | StoreCycle = Floor(prefix) if mode == "raw" else StoreCycle(prefix, "contended")
+    worker: Floor | StoreCycle | MinimalLedger
+    if mode == "raw":
+        worker = Floor(prefix)
+    elif mode == "minimal":
+        worker = MinimalLedger(prefix, job="contended")
+    else:
+        worker = StoreCycle(prefix, "contended")
     try_cycle: Callable[[], bool] = worker.try_cycle
     ok = refused = 0
     try:
@@ -308,23 +414,30 @@ def contended_round(mode: str, prefix: str, seconds: float) -> tuple[float, floa
 
 def contended(prefix: str, rounds: int, seconds: float) -> None:
     started = time.monotonic()
-    raw: list[float] = []
-    guarded: list[float] = []
-    refused: dict[str, list[float]] = {"raw": [], "guarded": []}
+    modes = ("raw", "guarded", "minimal")
+    ok: dict[str, list[float]] = {m: [] for m in modes}
+    refused: dict[str, list[float]] = {m: [] for m in modes}
     for i in range(rounds):
-        for mode in ("raw", "guarded") if i % 2 == 0 else ("guarded", "raw"):
-            ok, no = contended_round(mode, prefix, seconds)
-            (raw if mode == "raw" else guarded).append(ok)
+        for mode in modes[i % 3 :] + modes[: i % 3]:
+            done, no = contended_round(mode, prefix, seconds)
+            ok[mode].append(done)
             refused[mode].append(no)
-    ratios = [g / r for g, r in zip(guarded, raw, strict=True)]
-    low, high = quartiles(ratios)
+
+    def paired(mode: str) -> tuple[float, float, float]:
+        ratios = [c / r for c, r in zip(ok[mode], ok["raw"], strict=True)]
+        return statistics.median(ratios), *quartiles(ratios)
+
     table = [
-        Row(f"raw SET NX PX + compare-and-delete, {PROCESSES} processes", statistics.median(raw), 1.0,
+        Row(f"raw SET NX PX + compare-and-delete, {PROCESSES} processes", statistics.median(ok["raw"]), 1.0,
             None, None, None, "cycles/s", f"{statistics.median(refused['raw']):.0f} refused/s"),
-        Row(f"store acquire+finish, {PROCESSES} processes", statistics.median(guarded),
-            statistics.median(ratios), low, high, CONTENDED, "cycles/s",
+        Row(f"store acquire+finish, {PROCESSES} processes", statistics.median(ok["guarded"]),
+            *paired("guarded"), CONTENDED, "cycles/s",
             f"{statistics.median(refused['guarded']):.0f} refused/s, each recorded as skipped",
             at_least=True),
+        Row(f"ref: minimal ledger, 2 Lua calls, {PROCESSES} processes", statistics.median(ok["minimal"]),
+            *paired("minimal"), None, "cycles/s",
+            f"reference: {statistics.median(refused['minimal']):.0f} refused/s, each recorded as skipped "
+            "by the one HSET"),
     ]  # fmt: skip
     print_table(f"contended: {PROCESSES} processes on one key, {seconds:g} s per round, successful cycles/s",
                 table)  # fmt: skip
@@ -384,7 +497,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few seconds (CI smoke run)")
     ap.add_argument("--budget", type=float, help="seconds of uncontended interleaved rounds")
-    ap.add_argument("--rounds", type=int, help="contended rounds (each: raw, then guarded, or the reverse)")
+    ap.add_argument("--rounds", type=int, help="contended rounds (each: raw, store, minimal ledger; rotated)")
     ap.add_argument("--seconds", type=float, help="length of one contended run (default 5, quick 1)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the store's cycle instead")
     args = ap.parse_args()
