@@ -53,9 +53,10 @@ def _keep(
     dies, so a command that is a shell script would leave its own children
     running under a lease about to expire. The keeper is that direct child:
     when the supervisor dies it SIGKILLs the command's group (G5). It is also
-    the group's subreaper, so every process of the command is reaped here
-    rather than left a zombie, and when the command exits it stops what the
-    command left behind in its group: the run ends with its command.
+    the subreaper of everything the command starts, so every process of the
+    command is reaped here rather than left a zombie, and when the command
+    exits it stops what the command left behind, in its group or out of it
+    (``_sweep``): the run ends with its command.
     """
     _close_fds(keep=report)
     # A group of its own: a kill of the supervisor's whole group (timeout -k,
@@ -113,20 +114,48 @@ def _keep(
         if pid == command:
             status = exit_status(os.waitstatus_to_exitcode(raw))
             break
-    # What the command left in its group is stopped and reaped; a process
-    # that left the group (setsid) is not waited for beyond a moment.
-    _killpg(group, signal.SIGKILL)
-    give_up = time.monotonic() + 0.5
-    while time.monotonic() < give_up:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            time.sleep(0.005)
+    _sweep(group, keeper)
     if terminal is not None:
         _give_back_terminal(terminal)
     return status
+
+
+SWEEP_GIVE_UP = 0.5
+"""Seconds the keeper waits for what the command left to die after SIGKILL
+(a process in uninterruptible sleep can outlast it; it is then left)."""
+
+
+def _sweep(group: int, keeper: int) -> None:
+    """Stop and reap everything the command left behind once it has exited.
+
+    Its process group gets SIGKILL, and so does every process that left the
+    group (``setsid``, a double-forking daemon): the keeper is their
+    subreaper, so once the process that started one is gone, it is the
+    keeper's child. Killing one can orphan its own children to the keeper in
+    turn, so the sweep repeats until the keeper has no children left. No
+    process of the run works on after its run ended and its lease was
+    released.
+    """
+    _killpg(group, signal.SIGKILL)
+    children = f"/proc/{keeper}/task/{keeper}/children"
+    give_up = time.monotonic() + SWEEP_GIVE_UP
+    while time.monotonic() < give_up:
+        try:
+            with open(children) as f:
+                pids = f.read().split()
+        except OSError:
+            pids = []  # a kernel without CONFIG_PROC_CHILDREN: the group kill above is all
+        for left in pids:
+            try:
+                os.kill(int(left), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.005)
 
 
 def _readable(fd: int) -> bool:

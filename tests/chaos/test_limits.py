@@ -1,15 +1,16 @@
 """What cronwarden does not guarantee, shown with real processes: a process
-the command starts and moves out of its process group (``setsid``) is not
-stopped with the run, so it can act after its lease is gone; a Redis failover
-with asynchronous replication can grant a held lease again. In both, only a
-fenced resource refuses the stale holder. See docs/RELIABILITY.md, "What is
-not guaranteed".
+that left the command's process group (``setsid``) outlives its run when the
+keeper that sweeps such processes is itself SIGKILLed, so it can act after
+its lease is gone; a Redis failover with asynchronous replication can grant a
+held lease again. In both, only a fenced resource refuses the stale holder.
+See docs/RELIABILITY.md, "What is not guaranteed".
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,33 +30,47 @@ from cronwarden.stores.base import End  # noqa: E402
 WORKER = os.path.join(ROOT, "chaos", "worker.py")
 
 
-def guarded(url: str, *command: str, ttl: str = "2s") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def guarded(url: str, *command: str, ttl: str = "2s") -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, "-m", "cronwarden", "run", "--job", "escape", "--ttl", ttl, "--store", url, "--",
          *command],
-        capture_output=True, text=True, timeout=60,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "unfenced"])
-def test_a_grandchild_that_leaves_the_process_group_outlives_its_run(tmp_path: Path, fenced: bool) -> None:
+def test_a_process_that_left_the_group_outlives_its_run_when_the_keeper_is_sigkilled(
+    tmp_path: Path, fenced: bool
+) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
+    keeper_file = tmp_path / "keeper"
     with Referee() as referee:
         # The command starts a helper in a new session (out of the group
-        # cronwarden stops) that writes 5 s later with the run's token,
-        # gives it a moment to leave the group, and exits: the run succeeds
-        # and releases its lease.
+        # cronwarden stops) that writes 5 s later with the run's token. The
+        # keeper (the command's parent) would sweep it when the command
+        # ends; here the keeper is SIGKILLed, the command dies with it
+        # (PDEATHSIG), the run ends and releases its lease, and the helper
+        # is left to init.
         late = [sys.executable, "-S", WORKER, "--port", str(referee.port), "--steps", "1", "--sleep", "5"]
         if not fenced:
             late.append("--no-fencing")
-        escape = f"setsid {' '.join(late)} >/dev/null 2>&1 < /dev/null & sleep 0.5; exit 0"
+        escape = (
+            f"echo $PPID > {keeper_file}; setsid {' '.join(late)} >/dev/null 2>&1 < /dev/null & exec sleep 30"
+        )
         first = guarded(url, "sh", "-c", escape)
-        assert first.returncode == 0, first.stderr
+        deadline = time.monotonic() + 20
+        # The helper said hello to the referee: it has left the group.
+        while not (keeper_file.exists() and any(e["op"] == "hello" for e in referee.dump()["log"])):
+            assert time.monotonic() < deadline, "the escaped helper never started"
+            time.sleep(0.02)
+        os.kill(int(keeper_file.read_text()), signal.SIGKILL)
+        _, err = first.communicate(timeout=30)
+        assert first.returncode == 137, err
         # The next run takes the lease and works on the resource meanwhile.
         now = [sys.executable, "-S", WORKER, "--port", str(referee.port), "--steps", "1", "--sleep", "0"]
         second = guarded(url, *now)
-        assert second.returncode == 0, second.stderr
-        deadline = time.monotonic() + 20
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 0, err
         while sum(1 for e in referee.dump()["log"] if e["op"] == "close") < 2:
             assert time.monotonic() < deadline, f"the escaped helper never finished: {referee.dump()['log']}"
             time.sleep(0.05)
@@ -65,7 +80,7 @@ def test_a_grandchild_that_leaves_the_process_group_outlives_its_run(tmp_path: P
     assert len(set(runs)) == 2, runs
     escaped, current = runs
     # The helper of the first run, which ended before the second started,
-    # wrote after the second run: cronwarden did not stop it.
+    # wrote after the second run: nothing stopped it.
     late_writes = [e for e in writes if e["run"] == escaped]
     assert late_writes and late_writes[0]["t"] > next(e["t"] for e in writes if e["run"] == current)
     # Only fencing keeps its stale write out.

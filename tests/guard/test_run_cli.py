@@ -222,6 +222,48 @@ def test_processes_the_command_left_behind_are_stopped_when_it_ends(store_url: s
     wait_for(lambda: not alive(straggler), timeout=1.0, what="the backgrounded child to be stopped")
 
 
+# A helper that moves out of the command's process group and session and
+# writes its pid: started in the background (orphaned when the shell exits),
+# or by a double fork (orphaned at once, while the command still runs).
+ESCAPES = {
+    "setsid": "setsid sh -c 'echo $$ > {pidfile}; exec sleep 30' </dev/null >/dev/null 2>&1 &",
+    "double fork": "(setsid sh -c 'echo $$ > {pidfile}; exec sleep 30' </dev/null >/dev/null 2>&1 &);",
+}
+
+
+def escaped_helper(pidfile: Path) -> int:
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the escaped helper"))
+    assert os.getsid(pid) == pid, "the helper did not start a session of its own"
+    return pid
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_a_process_that_left_the_commands_group_is_stopped_when_the_command_ends(
+    store_url: str, tmp_path: Path, escape: str
+) -> None:
+    pidfile, go = tmp_path / "pid", tmp_path / "go"
+    script = ESCAPES[escape].format(pidfile=pidfile) + f" while [ ! -e {go} ]; do sleep 0.01; done"
+    p = cli("run", "--job", "escape", "--store", store_url, "--", "sh", "-c", script)
+    helper = escaped_helper(pidfile)
+    go.touch()  # the command exits; the helper would sleep on
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    # Gone by the time `cronwarden run` has exited: the keeper sweeps first.
+    assert not alive(helper), f"the {escape} helper outlived its run"
+
+
+def test_kill_9_of_the_supervisor_also_stops_a_process_that_left_the_commands_group(
+    store_url: str, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    script = ESCAPES["setsid"].format(pidfile=pidfile) + " exec sleep 30"
+    p = cli("run", "--job", "escape-crash", "--store", store_url, "--", "sh", "-c", script)
+    helper = escaped_helper(pidfile)
+    p.kill()
+    p.wait()
+    wait_for(lambda: not alive(helper), timeout=1.0, what="the escaped helper to die with the supervisor")
+
+
 def test_status_shows_open_runs_from_every_host(store_url: str, tmp_path: Path) -> None:
     holders = []
     for host in ("host-a", "host-b"):
