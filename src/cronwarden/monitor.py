@@ -616,7 +616,7 @@ class Monitor:
 
     def stats(self, job: str) -> JobStats:
         """Statistics of one job, now."""
-        info = next((j for j in (*self.store.jobs(), *self.extra_jobs) if j.name == job), None)
+        info = self.store.job(job) or next((j for j in self.extra_jobs if j.name == job), None)
         now = self.clock.wall()
         return self._read(job, info, now, self.store.open_runs(job))
 

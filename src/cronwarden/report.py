@@ -69,7 +69,7 @@ class Reporter:
         self.host = host or this_host()
 
     def _job(self, job: str) -> JobInfo | None:
-        return next((j for j in self.store.jobs() if j.name == job), None)
+        return self.store.job(job)
 
     def _ttl(self, info: JobInfo | None, now: float) -> tuple[float, float | None]:
         """(ttl, slot) from what the store knows of the job."""

@@ -278,6 +278,19 @@ def test_jobs_of_an_empty_store_are_empty(store: Store) -> None:
     assert store.jobs() == []
 
 
+def test_one_job_reads_back_by_name_and_an_unknown_one_is_none(store: Store) -> None:
+    backup = JobInfo(name="backup", schedule="10 2 * * *", ttl=300.0, grace=60.0, updated_at=T0)
+    report = JobInfo(name="report", period=600.0, policy="queue", reason="a start is a batch", updated_at=T0)
+    store.save_job(backup)
+    store.save_job(report)
+
+    assert store.job("report") == report
+    assert store.job("backup") == backup
+    assert store.job("back") is None  # a prefix is not a name
+    store.save_job(report._replace(period=900.0, updated_at=T0 + 1))
+    assert store.job("report") == report._replace(period=900.0, updated_at=T0 + 1)
+
+
 def test_reads_do_not_change_the_ledger(store: Store, recorded: list[Event]) -> None:
     lease = granted(store.acquire(start("backup"))).lease
     before = ledger(store)

@@ -510,7 +510,7 @@ def _describe(args: Any, store: Store, clock: Clock, out: TextIO) -> int:
     from cronwarden.policy import Policy
     from cronwarden.schedule import Schedule
 
-    info = next((j for j in store.jobs() if j.name == args.job), None) or JobInfo(name=args.job)
+    info = store.job(args.job) or JobInfo(name=args.job)
     changes: dict[str, Any] = {"updated_at": clock.wall()}
     if args.every is not None:
         sched = Schedule.every_(args.every)

@@ -109,7 +109,7 @@ def _job_info(settings: JobSettings, schedule: Schedule | None, now: float) -> J
 def _sync_job(store: Store, info: JobInfo) -> None:
     """Save the job's settings only when they changed: one read per run with
     a schedule or config, a write only after an edit."""
-    known = next((j for j in store.jobs() if j.name == info.name), None)
+    known = store.job(info.name)
     if known is None or known._replace(updated_at=info.updated_at) != info:
         store.save_job(info)
 

@@ -66,8 +66,10 @@ lock named like a job's lease key is a different lease. Same G1, G2, G4.
     unlock, or one after the ttl even if nobody took the key since, changes
     nothing). Returns whether it did.
 
-The read side (``open_runs``, ``runs``, ``events``, ``jobs``) returns frozen
-records; it never changes the ledger.
+The read side (``open_runs``, ``runs``, ``events``, ``jobs``, ``job``)
+returns frozen records; it never changes the ledger. ``job(name)`` reads the
+one job's saved settings (``None`` if never saved), without reading the
+others: every scheduled ``cronwarden run`` asks for its own.
 
 The outbox (G9). Each sink's outbox is the ledger minus what that sink has
 acknowledged: no copy of the events, no separate queue. Delivery is at least
@@ -234,6 +236,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def jobs(self) -> list[JobInfo]: ...
+
+    @abc.abstractmethod
+    def job(self, name: str) -> JobInfo | None: ...
 
     @abc.abstractmethod
     def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]: ...

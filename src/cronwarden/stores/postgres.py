@@ -947,6 +947,10 @@ class PostgresStore(Store):
         # Columns in JobInfo field order.
         return [JobInfo._make(r) for r in rows]
 
+    def job(self, name: str) -> JobInfo | None:
+        row = self._call(lambda c: c.execute(self._sql.job, (name,)).fetchone())
+        return None if row is None else JobInfo._make(row)
+
     # -- the outbox -------------------------------------------------------
 
     def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
@@ -1043,10 +1047,9 @@ class _Statements:
         )
         self.undelivered = f"SELECT * FROM {s}.undelivered(%s::text, %s::integer, %s::float8, %s::float8)"
         self.mark_delivered = f"SELECT {s}.mark_delivered(%s::text, %s::text[], %s::float8, %s::float8)"
-        self.jobs = (
-            "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at "
-            f"FROM {s}.jobs ORDER BY name"
-        )
+        job_columns = "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at "
+        self.jobs = f"{job_columns} FROM {s}.jobs ORDER BY name"
+        self.job = f"{job_columns} FROM {s}.jobs WHERE name = %s"
 
 
 def _version(conn: psycopg.Connection[Any], s: str) -> int:

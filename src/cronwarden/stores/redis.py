@@ -1249,6 +1249,10 @@ class RedisStore(Store):
         [raw] = self._read(lambda pipe: pipe.hgetall(self._k_jobs))
         return [JobInfo(**json.loads(raw[name])) for name in sorted(raw)]
 
+    def job(self, name: str) -> JobInfo | None:
+        [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))
+        return None if raw is None else JobInfo(**json.loads(raw))
+
     # -- the outbox -------------------------------------------------------
 
     def _outbox_keys(self, sink: str) -> list[str]:

@@ -726,6 +726,16 @@ class SqliteStore(Store):
         # Columns in JobInfo field order.
         return [JobInfo._make(r) for r in rows]
 
+    def job(self, name: str) -> JobInfo | None:
+        row = self._read(
+            lambda db: db.execute(
+                "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at "
+                "FROM jobs WHERE name = ?",
+                (name,),
+            ).fetchone()
+        )
+        return None if row is None else JobInfo._make(row)
+
     # -- the outbox -------------------------------------------------------
 
     def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
