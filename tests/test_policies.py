@@ -156,6 +156,39 @@ def test_allow_unpartitioned_runs_both_and_records_an_overlap_naming_both_runs(
         assert_one_terminal_per_start(store)
 
 
+def test_allow_a_dead_side_run_is_abandoned_by_the_next_start_of_the_job(store_url: str, work: Path) -> None:
+    """A side lease is never started again by its key, so the next start of
+    the job (not only the monitor) gives its dead run its terminal record."""
+    flags = ["--job", "fanout", "--policy", "allow", "--allow-unpartitioned", "--reason",
+             "each run only reads and sends idempotent pings", "--ttl", "1s"]  # fmt: skip
+    first = cli(store_url, *flags, *hold(work), cwd=work)
+    (first_run,) = wait_for("the first child", lambda: started_runs(work))
+    second = cli(store_url, *flags, *hold(work), cwd=work)
+    both = wait_for("the side run's child", lambda: len(started_runs(work)) == 2 and started_runs(work))
+    (side_run,) = set(both) - {first_run}
+    second.kill()  # its child dies with it (G5); its side lease is left to expire
+    second.communicate(timeout=DEADLINE)
+    wait_for("the side run's child to die", lambda: not alive(both[side_run]))
+    (work / "release").touch()
+    assert finish(first)[0] == 0
+    with open_store(store_url) as store:
+        wait_for(
+            "the side lease to expire", lambda: all(r.expires_in <= 0 for r in store.open_runs("fanout"))
+        )
+        assert [r.run_id for r in store.open_runs("fanout")] == [side_run]
+
+    code, err = finish(cli(store_url, *flags, "--", "true", cwd=work))
+
+    assert code == 0, err
+    with open_store(store_url) as store:
+        assert store.open_runs("fanout") == []
+        side = store.run(side_run)
+        assert side is not None and side.outcome is Outcome.ABANDONED
+        (third,) = [r for r in store.runs("fanout") if r.run_id not in (first_run, side_run)]
+        assert side.detail.endswith(f"found by run {third.run_id}")
+        assert_one_terminal_per_start(store)
+
+
 def test_allow_without_a_partition_or_a_reason_is_refused_before_touching_the_store(
     store_url: str, work: Path
 ) -> None:

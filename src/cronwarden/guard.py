@@ -32,7 +32,17 @@ from cronwarden.errors import (
 from cronwarden.events import Outcome, new_id
 from cronwarden.lease import Heartbeat, HeartbeatThread, Lease, belief
 from cronwarden.policy import Policy
-from cronwarden.stores.base import End, Finished, Granted, Holder, Refusal, Refused, Start, Store
+from cronwarden.stores.base import (
+    End,
+    Finished,
+    Granted,
+    Holder,
+    Refusal,
+    Refused,
+    Start,
+    Store,
+    abandon_expired,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -198,8 +208,18 @@ class Guard:
         """Try to start a run. Returns the run, or None when refused (the
         refusal is recorded and kept in ``self.refused``)."""
         start = self._start()
+        swept: list[str] = []
+        if self.options.policy is Policy.ALLOW:
+            # Side leases and other shards are never started again by their
+            # key, so a start of the job closes their dead runs (G6), before
+            # it takes a lease: a store error here leaves nothing held.
+            store = self.warden.store
+            others = [r for r in store.open_runs(self.job) if r.key != self.key]
+            swept = abandon_expired(store, others, start.at, f"run {start.run_id}")
         sent = self.clock.monotonic()
         result = self.warden.store.acquire(start)
+        if swept:
+            result = result._replace(abandoned=(*swept, *result.abandoned))
         if isinstance(result, Refused) and result.refusal is Refusal.REVOKING:
             result, sent = self._wait_for_replaced(start, result)
         if isinstance(result, Refused):

@@ -38,8 +38,7 @@ from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import format_duration
 from cronwarden.errors import UsageError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
-from cronwarden.lease import Lease
-from cronwarden.stores.base import End, EventQuery, Store
+from cronwarden.stores.base import EventQuery, Store, abandon_expired
 
 RAISED = "raised"
 RESOLVED = "resolved"
@@ -822,20 +821,7 @@ class Monitor:
         return run is not None and run.outcome is Outcome.ABANDONED
 
     def _abandon_expired(self, stats: JobStats, now: float) -> list[str]:
-        """Give open runs whose lease expired their terminal record, as the
-        next start would (G6). ``finish`` compares the owner, so a lease
-        another run took meanwhile is never released."""
-        done: list[str] = []
-        for s in stats.stuck:
-            r = s.run
-            if r.outcome is not None or r.expires_in is None or r.expires_in > 0:
-                continue
-            lease = Lease(key=r.key, job=r.job, run_id=r.run_id, token=r.token, ttl=0.0)
-            end = End(outcome=Outcome.ABANDONED, at=now, detail="lease expired with no terminal record; "
-                      "found by the monitor")  # fmt: skip
-            if self.store.finish(lease, end).recorded:
-                done.append(r.run_id)
-        return done
+        return abandon_expired(self.store, [s.run for s in stats.stuck], now, "the monitor")
 
     def acknowledge(self, job: str, rule: EventKind, run_id: str | None = None, *, by: str = "") -> Event:
         """Resolve a raised finding by hand (e.g. a stuck, abandoned run someone

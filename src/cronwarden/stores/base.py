@@ -265,6 +265,27 @@ class Store(abc.ABC):
         self.close()
 
 
+def abandon_expired(store: Store, runs: Sequence[RunRecord], at: float, found_by: str) -> list[str]:
+    """Record ``abandoned`` for each open run among ``runs`` whose lease has
+    expired (G6), as the next start on its lease key would: for runs no start
+    comes back to (policy allow's side leases, a shard not started again, any
+    run when the monitor looks). ``finish`` compares the owner, so a lease
+    another run took meanwhile is never released. Returns the runs closed."""
+    done = []
+    for r in runs:
+        if r.outcome is not None or r.expires_in is None or r.expires_in > 0:
+            continue
+        lease = Lease(key=r.key, job=r.job, run_id=r.run_id, token=r.token, ttl=0.0)
+        end = End(
+            outcome=Outcome.ABANDONED,
+            at=at,
+            detail=f"lease expired with no terminal record; found by {found_by}",
+        )
+        if store.finish(lease, end).recorded:
+            done.append(r.run_id)
+    return done
+
+
 def holder_data(holder: Holder, now: float) -> dict[str, object]:
     """The holder fields every refusal event carries (G7)."""
     return {
