@@ -156,36 +156,57 @@ def test_allow_unpartitioned_runs_both_and_records_an_overlap_naming_both_runs(
         assert_one_terminal_per_start(store)
 
 
-def test_allow_a_dead_side_run_is_abandoned_by_the_next_start_of_the_job(store_url: str, work: Path) -> None:
-    """A side lease is never started again by its key, so the next start of
-    the job (not only the monitor) gives its dead run its terminal record."""
-    flags = ["--job", "fanout", "--policy", "allow", "--allow-unpartitioned", "--reason",
-             "each run only reads and sends idempotent pings", "--ttl", "1s"]  # fmt: skip
-    first = cli(store_url, *flags, *hold(work), cwd=work)
-    (first_run,) = wait_for("the first child", lambda: started_runs(work))
-    second = cli(store_url, *flags, *hold(work), cwd=work)
-    both = wait_for("the side run's child", lambda: len(started_runs(work)) == 2 and started_runs(work))
-    (side_run,) = set(both) - {first_run}
-    second.kill()  # its child dies with it (G5); its side lease is left to expire
-    second.communicate(timeout=DEADLINE)
-    wait_for("the side run's child to die", lambda: not alive(both[side_run]))
-    (work / "release").touch()
-    assert finish(first)[0] == 0
+UNPARTITIONED = [
+    "--policy",
+    "allow",
+    "--allow-unpartitioned",
+    "--reason",
+    "each run only sends idempotent pings",
+]
+
+
+@pytest.mark.parametrize("where", ["side lease", "shard"])
+def test_a_dead_run_on_another_key_is_abandoned_by_the_next_start_of_the_job(
+    store_url: str, work: Path, where: str
+) -> None:
+    """A side lease (policy allow) or a shard is never started again by its
+    key, so the next start of the job, not only the monitor, gives its dead
+    run its terminal record."""
+    if where == "side lease":  # the dead run overlaps a live one on the job's key
+        holder_flags, victim_flags = UNPARTITIONED, UNPARTITIONED
+    else:  # the dead run is on shard eu; the next start is on shard us
+        holder_flags, victim_flags = ["--shard", "us"], ["--shard", "eu"]
+    holder = cli(store_url, "--job", "fanout", *holder_flags, "--ttl", "5s", *hold(work), cwd=work)
+    victim: subprocess.Popen[str] | None = None
+    try:
+        (holder_run,) = wait_for("the holder's child", lambda: started_runs(work))
+        victim = cli(store_url, "--job", "fanout", *victim_flags, "--ttl", "1s", *hold(work), cwd=work)
+        both = wait_for("the victim's child", lambda: len(started_runs(work)) == 2 and started_runs(work))
+        (victim_run,) = set(both) - {holder_run}
+        victim.kill()  # its child dies with it (G5); its lease is left to expire
+        victim.communicate(timeout=DEADLINE)
+        wait_for("the victim's child to die", lambda: not alive(both[victim_run]))
+    finally:
+        (work / "release").touch()
+        if victim is not None and victim.poll() is None:
+            victim.kill()
+        code, err = finish(holder)
+    assert code == 0, err
     with open_store(store_url) as store:
         wait_for(
-            "the side lease to expire", lambda: all(r.expires_in <= 0 for r in store.open_runs("fanout"))
+            "the victim's lease to expire", lambda: all(r.expires_in <= 0 for r in store.open_runs("fanout"))
         )
-        assert [r.run_id for r in store.open_runs("fanout")] == [side_run]
+        assert [r.run_id for r in store.open_runs("fanout")] == [victim_run]
 
-    code, err = finish(cli(store_url, *flags, "--", "true", cwd=work))
+    code, err = finish(cli(store_url, "--job", "fanout", *holder_flags, "--", "true", cwd=work))
 
     assert code == 0, err
     with open_store(store_url) as store:
         assert store.open_runs("fanout") == []
-        side = store.run(side_run)
-        assert side is not None and side.outcome is Outcome.ABANDONED
-        (third,) = [r for r in store.runs("fanout") if r.run_id not in (first_run, side_run)]
-        assert side.detail.endswith(f"found by run {third.run_id}")
+        victim_record = store.run(victim_run)
+        assert victim_record is not None and victim_record.outcome is Outcome.ABANDONED
+        (third,) = [r for r in store.runs("fanout") if r.run_id not in (holder_run, victim_run)]
+        assert victim_record.detail.endswith(f"found by run {third.run_id}")
         assert_one_terminal_per_start(store)
 
 

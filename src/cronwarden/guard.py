@@ -25,6 +25,7 @@ from cronwarden.errors import (
     LeaseLost,
     LeaseRevoked,
     NotStarted,
+    StoreError,
     StoreUnavailable,
     TimedOut,
     UsageError,
@@ -208,14 +209,8 @@ class Guard:
         """Try to start a run. Returns the run, or None when refused (the
         refusal is recorded and kept in ``self.refused``)."""
         start = self._start()
-        swept: list[str] = []
-        if self.options.policy is Policy.ALLOW:
-            # Side leases and other shards are never started again by their
-            # key, so a start of the job closes their dead runs (G6), before
-            # it takes a lease: a store error here leaves nothing held.
-            store = self.warden.store
-            others = [r for r in store.open_runs(self.job) if r.key != self.key]
-            swept = abandon_expired(store, others, start.at, f"run {start.run_id}")
+        sharded_or_allow = self.key != self.job or self.options.policy is Policy.ALLOW
+        swept = self._sweep_other_keys(start) if sharded_or_allow else []
         sent = self.clock.monotonic()
         result = self.warden.store.acquire(start)
         if swept:
@@ -230,6 +225,19 @@ class Guard:
         self.overlapped = result.overlapped
         self.run = self._begin(result, sent)
         return self.run
+
+    def _sweep_other_keys(self, start: Start) -> list[str]:
+        """A side lease (policy allow) or a shard may never be started again
+        by its key, so no start would find its run dead there: a start of the
+        job gives the job's dead runs on other keys their ``abandoned``
+        record (G6), before it takes a lease of its own. Best effort: the
+        monitor does the same, so a store error here only leaves them to it."""
+        store = self.warden.store
+        try:
+            others = [r for r in store.open_runs(self.job) if r.key != self.key]
+            return abandon_expired(store, others, start.at, f"run {start.run_id}")
+        except StoreError:
+            return []
 
     def _wait_for_replaced(self, start: Start, refused: Refused) -> tuple[Granted | Refused, float]:
         """Policy replace: the holder was asked to stop through the store; it

@@ -121,8 +121,12 @@ def _keep(
 
 
 SWEEP_GIVE_UP = 0.5
-"""Seconds the keeper waits for what the command left to die after SIGKILL
-(a process in uninterruptible sleep can outlast it; it is then left)."""
+"""Seconds the keeper waits, after the last process it reaped, for what the
+command left to die after SIGKILL."""
+SWEEP_HARD_STOP = 2.0
+"""Seconds the whole sweep may take. What outlasts it (a process in
+uninterruptible sleep, one the keeper may not signal, such as a setuid
+program's) is left running, signalled."""
 
 
 def _sweep(group: int, keeper: int) -> None:
@@ -131,31 +135,62 @@ def _sweep(group: int, keeper: int) -> None:
     Its process group gets SIGKILL, and so does every process that left the
     group (``setsid``, a double-forking daemon): the keeper is their
     subreaper, so once the process that started one is gone, it is the
-    keeper's child. Killing one can orphan its own children to the keeper in
-    turn, so the sweep repeats until the keeper has no children left. No
-    process of the run works on after its run ended and its lease was
-    released.
+    keeper's child. Killing one orphans its own children to the keeper in
+    turn, so the sweep repeats while it makes progress, until the keeper has
+    no children left. No process of the run works on after its run ended
+    and its lease was released.
     """
     _killpg(group, signal.SIGKILL)
-    children = f"/proc/{keeper}/task/{keeper}/children"
-    give_up = time.monotonic() + SWEEP_GIVE_UP
-    while time.monotonic() < give_up:
-        try:
-            with open(children) as f:
-                pids = f.read().split()
-        except OSError:
-            pids = []  # a kernel without CONFIG_PROC_CHILDREN: the group kill above is all
-        for left in pids:
-            try:
-                os.kill(int(left), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    now = time.monotonic()
+    hard_stop = now + SWEEP_HARD_STOP
+    give_up = now + SWEEP_GIVE_UP
+    while True:
+        _kill_children(keeper)
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
-        if pid == 0:
-            time.sleep(0.005)
+        now = time.monotonic()
+        if pid:
+            # A layer died; the next one may be on its way to the keeper.
+            give_up = min(now + SWEEP_GIVE_UP, hard_stop)
+            continue
+        if now >= give_up:
+            break
+        time.sleep(0.005)
+    _kill_children(keeper)  # what arrived meanwhile is signalled, if not waited for
+
+
+def _kill_children(keeper: int) -> None:
+    for pid in _children(keeper):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _children(keeper: int) -> list[int]:
+    """The keeper's children, living or not yet reaped."""
+    try:
+        with open("/proc/thread-self/children", "rb") as f:  # the keeper has one thread
+            return [int(pid) for pid in f.read().split()]
+    except OSError:
+        pass
+    # A kernel without CONFIG_PROC_CHILDREN: find them by their parent.
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # After the command name, which may hold spaces and parentheses: state, ppid.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == keeper:
+            found.append(int(name))
+    return found
 
 
 def _readable(fd: int) -> bool:

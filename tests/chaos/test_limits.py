@@ -59,11 +59,16 @@ def test_a_process_that_left_the_group_outlives_its_run_when_the_keeper_is_sigki
         )
         first = guarded(url, "sh", "-c", escape)
         deadline = time.monotonic() + 20
-        # The helper said hello to the referee: it has left the group.
-        while not (keeper_file.exists() and any(e["op"] == "hello" for e in referee.dump()["log"])):
-            assert time.monotonic() < deadline, "the escaped helper never started"
-            time.sleep(0.02)
-        os.kill(int(keeper_file.read_text()), signal.SIGKILL)
+        try:
+            # The helper said hello to the referee: it has left the group.
+            while not (keeper_file.exists() and any(e["op"] == "hello" for e in referee.dump()["log"])):
+                assert time.monotonic() < deadline, "the escaped helper never started"
+                time.sleep(0.02)
+            os.kill(int(keeper_file.read_text()), signal.SIGKILL)
+        except BaseException:
+            first.kill()  # do not leave it running its 30 s
+            first.communicate()
+            raise
         _, err = first.communicate(timeout=30)
         assert first.returncode == 137, err
         # The next run takes the lease and works on the resource meanwhile.

@@ -300,6 +300,7 @@ def test_reads_do_not_change_the_ledger(store: Store, recorded: list[Event]) -> 
     store.run(lease.run_id)
     store.lease(lease.key)
     store.jobs()
+    store.job("backup")
     store.events(EventQuery(job="backup"))
 
     assert ledger(store) == before

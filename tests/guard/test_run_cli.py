@@ -237,19 +237,43 @@ def escaped_helper(pidfile: Path) -> int:
     return pid
 
 
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.mark.parametrize("escape", sorted(ESCAPES))
 def test_a_process_that_left_the_commands_group_is_stopped_when_the_command_ends(
     store_url: str, tmp_path: Path, escape: str
 ) -> None:
-    pidfile, go = tmp_path / "pid", tmp_path / "go"
-    script = ESCAPES[escape].format(pidfile=pidfile) + f" while [ ! -e {go} ]; do sleep 0.01; done"
+    pidfile, shell, go = tmp_path / "pid", tmp_path / "shell", tmp_path / "go"
+    # The command waits for the test's go (at most ~30 s), then exits.
+    script = (f"echo $$ > {shell}; {ESCAPES[escape].format(pidfile=pidfile)} "
+              f"i=0; while [ ! -e {go} ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done")  # fmt: skip
     p = cli("run", "--job", "escape", "--store", store_url, "--", "sh", "-c", script)
-    helper = escaped_helper(pidfile)
-    go.touch()  # the command exits; the helper would sleep on
-    _, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
-    # Gone by the time `cronwarden run` has exited: the keeper sweeps first.
-    assert not alive(helper), f"the {escape} helper outlived its run"
+    helper = 0
+    try:
+        helper = escaped_helper(pidfile)
+        if escape == "double fork":  # orphaned to the keeper while the command still runs
+            assert parent_of(helper) != int(shell.read_text())
+        go.touch()
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        # Gone by the time `cronwarden run` has exited: the keeper sweeps first.
+        assert not alive(helper), f"the {escape} helper outlived its run"
+    finally:
+        go.touch()
+        if p.poll() is None:
+            p.kill()
+        if helper:
+            kill_quietly(helper)
 
 
 def test_kill_9_of_the_supervisor_also_stops_a_process_that_left_the_commands_group(
@@ -258,10 +282,41 @@ def test_kill_9_of_the_supervisor_also_stops_a_process_that_left_the_commands_gr
     pidfile = tmp_path / "pid"
     script = ESCAPES["setsid"].format(pidfile=pidfile) + " exec sleep 30"
     p = cli("run", "--job", "escape-crash", "--store", store_url, "--", "sh", "-c", script)
-    helper = escaped_helper(pidfile)
-    p.kill()
-    p.wait()
-    wait_for(lambda: not alive(helper), timeout=1.0, what="the escaped helper to die with the supervisor")
+    helper = 0
+    try:
+        helper = escaped_helper(pidfile)
+        p.kill()
+        p.wait()
+        wait_for(lambda: not alive(helper), timeout=1.0, what="the escaped helper to die with the supervisor")
+    finally:
+        p.kill()
+        p.communicate()
+        if helper:
+            kill_quietly(helper)
+
+
+SWEEP_PROBE = """
+import os, subprocess, sys, builtins
+from cronwarden import supervisor
+child = subprocess.Popen(["sleep", "30"])
+real_open = builtins.open
+def no_children_file(path, *args, **kwargs):
+    if path == "/proc/thread-self/children":
+        raise FileNotFoundError(path)
+    return real_open(path, *args, **kwargs)
+builtins.open = no_children_file
+found = supervisor._children(os.getpid())
+builtins.open = real_open
+child.kill()
+child.wait()
+print(found == [child.pid])
+"""
+
+
+def test_the_keeper_finds_its_children_without_the_proc_children_file() -> None:
+    # Kernels built without CONFIG_PROC_CHILDREN: the sweep scans /proc for them.
+    out = subprocess.run([sys.executable, "-c", SWEEP_PROBE], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "True", out.stderr
 
 
 def test_status_shows_open_runs_from_every_host(store_url: str, tmp_path: Path) -> None:
