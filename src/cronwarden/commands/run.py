@@ -131,6 +131,10 @@ exit status: the command's own (128+N if killed by signal N; with policy queue, 
 environment given to COMMAND: CRONWARDEN_RUN_ID, CRONWARDEN_JOB, CRONWARDEN_FENCING_TOKEN,
   CRONWARDEN_LEASE_KEY (and CRONWARDEN_SHARD with --shard).
 
+processes: COMMAND runs in a process group of its own and dies with cronwarden (kill -9
+  included). When it exits, what it left running, in its group or out of it (setsid, a
+  daemon), is killed before the run's end is recorded: no work outlives its lease.
+
 example (crontab):
   */10 * * * *  cronwarden run --job reconcile --every 10m --ttl 2m -- /opt/bin/reconcile --full"""
 
