@@ -154,10 +154,10 @@ def _sweep(group: int, keeper: int) -> None:
         if pid:
             # A layer died; the next one may be on its way to the keeper.
             give_up = min(now + SWEEP_GIVE_UP, hard_stop)
-            continue
-        if now >= give_up:
+        if now >= give_up:  # hard_stop bounds even a sweep that keeps reaping
             break
-        time.sleep(0.005)
+        if not pid:
+            time.sleep(0.005)
     _kill_children(keeper)  # what arrived meanwhile is signalled, if not waited for
 
 
