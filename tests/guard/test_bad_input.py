@@ -125,7 +125,13 @@ def test_corrupt_store_file_is_named_and_left_untouched(tmp_path: Path) -> None:
 
 def test_store_path_that_is_a_directory_is_an_error(tmp_path: Path) -> None:
     result = run_cli("run", "--job", "x", "--store", f"sqlite:///{tmp_path}", "--", "true")
-    assert_one_line_error(result, 2, "SQLite store")
+    assert_one_line_error(result, 2, "SQLite store", "is a directory")
+
+
+def test_store_path_that_is_a_device_is_an_error_not_a_retry() -> None:
+    # /dev/null used to fail with "disk I/O error", exit 75: "try again later".
+    result = run_cli("status", "--store", "sqlite:////dev/null")
+    assert_one_line_error(result, 2, "/dev/null", "not a regular file")
 
 
 def test_store_from_environment_is_validated_like_the_flag(tmp_path: Path) -> None:

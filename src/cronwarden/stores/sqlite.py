@@ -273,6 +273,11 @@ class SqliteStore(Store):
                 f"{self.path} is on a network filesystem ({fstype}); SQLite locking is not safe "
                 "there. Use a local path, or postgresql:// or redis:// for jobs on several hosts"
             )
+        if os.path.exists(self.path) and not os.path.isfile(self.path):
+            # A directory or a device (/dev/null): SQLite would say "unable to
+            # open" or fail later with a retryable-looking I/O error.
+            what = "a directory" if os.path.isdir(self.path) else "not a regular file"
+            raise StoreError(f"SQLite store {self.path} is {what}; expected a database file path")
         try:
             os.makedirs(parent, exist_ok=True)
             self._db = sqlite3.connect(
