@@ -36,8 +36,25 @@ class StoreUrlError(UsageError):
     """A store URL with an unknown scheme or a malformed part."""
 
     def __init__(self, url: str, why: str) -> None:
-        super().__init__(f"bad store URL {url!r}: {why}")
+        super().__init__(f"bad store URL {mask_password(url)!r}: {why}")
         self.url = url
+
+
+def mask_password(url: str) -> str:
+    """``url`` with its password, if any, shown as ``***``: messages and
+    store URLs end up in logs and on dashboards."""
+    from urllib.parse import urlsplit  # only when there is something to say
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()
+    except ValueError:  # malformed (a bad port, say): mask by shape
+        import re
+
+        return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 class MissingDriver(UsageError):

@@ -134,6 +134,20 @@ def test_store_path_that_is_a_device_is_an_error_not_a_retry() -> None:
     assert_one_line_error(result, 2, "/dev/null", "not a regular file")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://root:hunter2@db.example/x",  # unknown scheme
+        "redis://:hunter2@127.0.0.1:6379/x",  # bad database
+        "redis://app:hunter2@127.0.0.1:99999999/0",  # bad port: urlsplit refuses it
+    ],
+)
+def test_a_bad_store_url_is_named_without_its_password(url: str) -> None:
+    result = run_cli("status", "--store", url)
+    assert_one_line_error(result, 2, "bad store URL", ":***@")
+    assert "hunter2" not in result.stderr
+
+
 def test_store_from_environment_is_validated_like_the_flag(tmp_path: Path) -> None:
     result = run_cli("status", env={"CRONWARDEN_STORE": "ftp://example"})
     assert_one_line_error(result, 2, "unknown scheme")

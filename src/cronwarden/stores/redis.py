@@ -69,7 +69,15 @@ from redis.retry import Retry
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
-from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError, UsageError
+from cronwarden.errors import (
+    LeaseLost,
+    LeaseRevoked,
+    StoreError,
+    StoreUnavailable,
+    StoreUrlError,
+    UsageError,
+    mask_password,
+)
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
 from cronwarden.lease import Lease, margin
 from cronwarden.policy import Policy
@@ -727,7 +735,7 @@ class RedisStore(Store):
             runs_per_job=runs,
             events_per_job=events,
             clock=clock,
-            url=_mask_password(url),
+            url=mask_password(url),
             owns_client=True,
         )
 
@@ -1411,12 +1419,3 @@ def _timeout(url: str, text: str | None, name: str) -> float:
     if seconds <= 0:
         raise StoreUrlError(url, f"{name} must be greater than zero, got {text!r}")
     return seconds
-
-
-def _mask_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{user}:***@{host}").geturl()
