@@ -437,7 +437,8 @@ def configure_report(p: argparse.ArgumentParser) -> None:
     p.epilog = REPORT_EPILOG
     p.add_argument("action", choices=["start", "success", "fail", "describe"])
     p.add_argument("--job", required=True, help="job name")
-    p.add_argument("--run-id", metavar="ID", help="the run's id (a UUID; start makes one if absent)")
+    p.add_argument("--run-id", metavar="ID",
+                   help="the run's id (letters, digits, _ . @ -; start makes a UUID if absent)")  # fmt: skip
     p.add_argument("--exit-code", type=int, metavar="N", help="the job's exit status")
     p.add_argument("--detail", default="", help="fail: what went wrong (one line)")
     p.add_argument("--pid", type=int, help="start: the job's pid (default: the calling process)")
