@@ -42,7 +42,7 @@ from cronwarden.errors import UsageError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
-from cronwarden.stores.base import End, Granted, Start, Store
+from cronwarden.stores.base import End, Granted, Start, Store, abandon_expired
 
 DEFAULT_TTL = 86400.0
 """A report-only run with no max_runtime and no known period may stay open a day."""
@@ -128,8 +128,8 @@ class Reporter:
             elif r.expires_in is not None and r.expires_in <= 0 and r.key.endswith("+" + r.run_id):
                 # A report-only run that never reported its end: nobody else will
                 # ever acquire its key, so its terminal record is written here.
-                if self._abandon(r, found_by=run_id, at=now):
-                    abandoned.append(r.run_id)
+                abandoned += abandon_expired(self.store, [r], now, f"run {run_id}",
+                                             why="no end reported before its ttl")  # fmt: skip
             else:
                 others.append(r)
         if me is not None:
@@ -152,12 +152,6 @@ class Reporter:
             }
             self.store.record(Event(kind=EventKind.OVERLAP, job=job, run_id=run_id, at=now, data=data))
         return Reported(run_id=run_id, overlapped=tuple(r.run_id for r in others), abandoned=tuple(abandoned))
-
-    def _abandon(self, run: RunRecord, *, found_by: str, at: float) -> bool:
-        lease = Lease(key=run.key, job=run.job, run_id=run.run_id, token=run.token, ttl=0.0)
-        end = End(outcome=Outcome.ABANDONED, at=at,
-                  detail=f"no end reported before its ttl; found by run {found_by}")  # fmt: skip
-        return self.store.finish(lease, end).recorded
 
     def end(
         self, job: str, run_id: str, outcome: Outcome, *, exit_code: int | None = None, detail: str = ""

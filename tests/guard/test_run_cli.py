@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests.contract import assert_one_terminal_per_start, ledger
-from tests.processes import alive
+from tests.processes import alive, kill_quietly, parent_of
 
 from cronwarden.events import EventKind, Outcome
 from cronwarden.stores import open_store
@@ -235,18 +235,6 @@ def escaped_helper(pidfile: Path) -> int:
     pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the escaped helper"))
     assert os.getsid(pid) == pid, "the helper did not start a session of its own"
     return pid
-
-
-def parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(stat[stat.rfind(b")") + 2 :].split()[1])
-
-
-def kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.mark.parametrize("escape", sorted(ESCAPES))

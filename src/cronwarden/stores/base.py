@@ -266,12 +266,19 @@ class Store(abc.ABC):
         self.close()
 
 
-def abandon_expired(store: Store, runs: Sequence[RunRecord], at: float, found_by: str) -> list[str]:
+def abandon_expired(
+    store: Store,
+    runs: Sequence[RunRecord],
+    at: float,
+    found_by: str,
+    why: str = "lease expired with no terminal record",
+) -> list[str]:
     """Record ``abandoned`` for each open run among ``runs`` whose lease has
     expired (G6), as the next start on its lease key would: for runs no start
-    comes back to (policy allow's side leases, a shard not started again, any
-    run when the monitor looks). ``finish`` compares the owner, so a lease
-    another run took meanwhile is never released. Returns the runs closed."""
+    comes back to (policy allow's side leases, a shard not started again,
+    report-only runs, any run when the monitor looks). ``finish`` compares
+    the owner, so a lease another run took meanwhile is never released.
+    Returns the runs closed."""
     done = []
     for r in runs:
         if r.outcome is not None or r.expires_in is None or r.expires_in > 0:
@@ -280,7 +287,7 @@ def abandon_expired(store: Store, runs: Sequence[RunRecord], at: float, found_by
         end = End(
             outcome=Outcome.ABANDONED,
             at=at,
-            detail=f"lease expired with no terminal record; found by {found_by}",
+            detail=f"{why}; found by {found_by}",
         )
         if store.finish(lease, end).recorded:
             done.append(r.run_id)

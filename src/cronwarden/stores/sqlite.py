@@ -267,13 +267,14 @@ class SqliteStore(Store):
         self._lock = threading.Lock()
         self._transaction = _Transaction(self)
         parent = os.path.dirname(os.path.abspath(self.path))
-        fstype = filesystem_type(self.path if os.path.exists(self.path) else parent)
+        exists = os.path.exists(self.path)
+        fstype = filesystem_type(self.path if exists else parent)
         if fstype in NETWORK_FILESYSTEMS:
             raise StoreError(
                 f"{self.path} is on a network filesystem ({fstype}); SQLite locking is not safe "
                 "there. Use a local path, or postgresql:// or redis:// for jobs on several hosts"
             )
-        if os.path.exists(self.path) and not os.path.isfile(self.path):
+        if exists and not os.path.isfile(self.path):
             # A directory or a device (/dev/null): SQLite would say "unable to
             # open" or fail later with a retryable-looking I/O error.
             what = "a directory" if os.path.isdir(self.path) else "not a regular file"
@@ -722,20 +723,13 @@ class SqliteStore(Store):
             )
 
     def jobs(self) -> list[JobInfo]:
-        rows = self._read(
-            lambda db: db.execute(
-                "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at "
-                "FROM jobs ORDER BY name"
-            ).fetchall()
-        )
-        # Columns in JobInfo field order.
+        rows = self._read(lambda db: db.execute(f"{_SELECT_JOBS} ORDER BY name").fetchall())
         return [JobInfo._make(r) for r in rows]
 
     def job(self, name: str) -> JobInfo | None:
         row = self._read(
             lambda db: db.execute(
-                "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at "
-                "FROM jobs WHERE name = ?",
+                f"{_SELECT_JOBS} WHERE name = ?",
                 (name,),
             ).fetchone()
         )
@@ -807,6 +801,8 @@ class SqliteStore(Store):
             self._db.close()
 
 
+_SELECT_JOBS = "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at FROM jobs"
+"""Columns in JobInfo field order."""
 _INSERT_EVENT = "INSERT INTO events (event_id, kind, job, run_id, at, data) VALUES (?, ?, ?, ?, ?, ?)"
 
 _GRANT_FREE = (
