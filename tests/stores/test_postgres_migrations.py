@@ -112,17 +112,20 @@ def test_a_version_2_schema_upgrades_in_place_keeping_leases_runs_and_tokens(sch
             e.kind for e in store.events(EventQuery(job="nightly", run_id=old_run_id, newest_first=False))
         ]
         assert kinds == [EventKind.STARTED, EventKind.SUCCEEDED]
-        # What version 3 added.
+        # What version 3 added, and version 5.
         assert store.lock("nightly", "a", 60.0) == 1
+        assert store.claim_slot("nightly", 1_700_000_040.0, "a", 60.0) == "a"
     # Version 4: one events index for reads by job, and no runs index that
     # finish() would have to update.
     assert indexes(schema, "events") == {"events_pkey", "events_event_id_key", "events_job_kind_at"}
     assert indexes(schema, "runs") == {"runs_pkey", "runs_job_started"}
+    assert indexes(schema, "slot_claims") == {"slot_claims_pkey"}
 
     # Opening it again is a no-op.
     with open_store(url) as store:
         assert version_of(schema) == postgres_store.SCHEMA_VERSION
         assert store.lock("nightly", "b", 60.0) is None
+        assert store.claim_slot("nightly", 1_700_000_040.0, "b", 60.0) == "a"
 
 
 def test_a_version_1_schema_upgrades_in_place(schema: str) -> None:
@@ -133,3 +136,21 @@ def test_a_version_1_schema_upgrades_in_place(schema: str) -> None:
         assert isinstance(granted, Granted) and granted.lease.token == 1
         assert store.undelivered("sink", 10)[0].kind is EventKind.STARTED
         assert store.lock("leader", "a", 60.0) == 1
+
+
+def test_a_version_4_schema_upgrades_in_place_and_claims_slots(schema: str) -> None:
+    create_at_version(schema, 4)
+    with psycopg.connect(SHARED, autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT out_token FROM \"{schema}\".acquire('nightly', 'nightly', 'old-run', 'old', 7, 60, %s, "
+            "NULL, 'skip', 1)",
+            (time.time(),),
+        ).fetchone()
+    assert row == (1,)
+
+    with open_store(f"{SHARED}?schema={schema}") as store:
+        assert version_of(schema) == postgres_store.SCHEMA_VERSION == 5
+        assert store.claim_slot("nightly", 1_700_000_040.0, "a", 60.0) == "a"
+        assert store.claim_slot("nightly", 1_700_000_040.0, "b", 60.0) == "a"
+        assert [r.run_id for r in store.open_runs()] == ["old-run"], "version 4's open run is kept"
+        assert store.events(EventQuery(job="nightly", kinds=[EventKind.STARTED]))[0].run_id == "old-run"

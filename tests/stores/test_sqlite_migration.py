@@ -1,6 +1,7 @@
-"""The SQLite store's schema v3 on a database written by v2: runs, events,
-leases and the outbox come through the upgrade intact, and no sink is sent
-an event twice or misses one because of it."""
+"""The SQLite store's schema upgrades: on a database written by v2, runs,
+events, leases and the outbox come through the upgrade intact, and no sink
+is sent an event twice or misses one because of it; a database written by
+v3 gains the slot claims (v4) and keeps its locks."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from cronwarden.clock import FakeClock
 from cronwarden.events import Event, EventKind, Outcome
 from cronwarden.stores.base import End, EventQuery, Granted, Start
-from cronwarden.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore
+from cronwarden.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore, statements
 
 T0 = 1_700_000_000.0
 BOOT = "boot-1"
@@ -105,7 +106,7 @@ def test_a_version_2_database_is_upgraded_with_its_runs_events_and_leases(
     assert events[3].data == {"holder_run_id": "run-b"} and events[3].kind is EventKind.SKIPPED
     assert lease is not None and (lease.owner, lease.token) == ("run-c", 3)
     with sqlite3.connect(v2_path) as check:
-        assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
@@ -170,7 +171,29 @@ def test_the_newest_event_cannot_be_deleted(v2_path: Path, clock: FakeClock) -> 
         db.close()
 
 
-def test_a_new_database_has_the_v3_schema(tmp_path: Path, clock: FakeClock) -> None:
+def test_a_version_3_database_is_upgraded_and_claims_slots(tmp_path: Path, clock: FakeClock) -> None:
+    path = tmp_path / "v3.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    for v in (1, 2, 3):
+        for statement in statements(MIGRATIONS[v]):
+            db.execute(statement)
+    db.execute(
+        "INSERT INTO locks (key, owner, token, expires, boot_id) VALUES ('leader', 'old', 7, ?, ?)",
+        (clock.store_time() + 60, BOOT),
+    )
+    db.execute("PRAGMA user_version = 3")
+    db.close()
+
+    with SqliteStore(path, clock=clock) as store:
+        assert store.claim_slot("nightly", T0 + 300, "a", 60.0) == "a"
+        assert store.claim_slot("nightly", T0 + 300, "b", 60.0) == "a"
+        assert store.lock("leader", "new", 60.0) is None, "v3's lock is still held"
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 4
+
+
+def test_a_new_database_has_the_v4_schema(tmp_path: Path, clock: FakeClock) -> None:
     SqliteStore(tmp_path / "new.db", clock=clock).close()
     with sqlite3.connect(tmp_path / "new.db") as db:
         sql = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
@@ -178,5 +201,6 @@ def test_a_new_database_has_the_v3_schema(tmp_path: Path, clock: FakeClock) -> N
 
     assert "WITHOUT ROWID" in sql["runs"] and "AUTOINCREMENT" not in sql["events"]
     assert "locks" in sql
+    assert "WITHOUT ROWID" in sql["slot_claims"]
     assert {"runs_job_started", "runs_open", "events_job_at", "events_event_id"} <= indexes
     assert "events_run" not in indexes

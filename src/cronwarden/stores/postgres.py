@@ -81,7 +81,7 @@ MIGRATION_TIMEOUT = "15min"
 MIGRATION_LOCK = 0x63770001
 """First key of the transaction-level advisory lock that serialises migrations."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE {s}.leases (
@@ -467,6 +467,49 @@ MIGRATIONS: dict[int, str] = {
     -- their leases instead of a partial index on outcome IS NULL.
     DROP INDEX IF EXISTS {s}.runs_open;
     ALTER TABLE {s}.runs SET (fillfactor = 90);
+    """,
+    5: """
+    -- The scheduler's slot claims (Store.claim_slot, G8): no ledger. Each
+    -- claim of a job forgets that job's claims older than keep, so the table
+    -- holds about keep seconds of claims per job.
+    CREATE TABLE {s}.slot_claims (
+        job        text,
+        slot       double precision,
+        owner      text NOT NULL,
+        claimed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+        PRIMARY KEY (job, slot)
+    );
+
+    -- Store.claim_slot in one call. Age is judged by clock_timestamp()
+    -- read after the claim's row is locked (the ON CONFLICT path locks it,
+    -- whether or not its WHERE holds), as for leases.
+    CREATE FUNCTION {s}.claim_slot(
+        p_job text, p_slot double precision, p_owner text, p_keep double precision
+    ) RETURNS text LANGUAGE plpgsql AS $$
+    DECLARE
+        v_keep interval := make_interval(secs => p_keep);
+        v_owner text;
+    BEGIN
+        -- First: the only statement that waits for another claim, so it
+        -- waits while this transaction holds no row lock (no deadlock).
+        INSERT INTO {s}.slot_claims AS c (job, slot, owner) VALUES (p_job, p_slot, p_owner)
+        ON CONFLICT (job, slot) DO UPDATE SET owner = excluded.owner, claimed_at = clock_timestamp()
+        WHERE c.claimed_at < clock_timestamp() - v_keep
+        RETURNING c.owner INTO v_owner;
+        IF NOT FOUND THEN
+            -- Held and not expired. The row stays locked by the statement
+            -- above until commit, so this reads the owner it keeps.
+            SELECT c.owner INTO v_owner FROM {s}.slot_claims c WHERE c.job = p_job AND c.slot = p_slot;
+        END IF;
+        -- The job's other expired claims. SKIP LOCKED: pruning never waits
+        -- (a row another claim holds is left for a later call).
+        DELETE FROM {s}.slot_claims d
+        WHERE d.job = p_job AND d.slot IN (
+            SELECT o.slot FROM {s}.slot_claims o
+            WHERE o.job = p_job AND o.slot <> p_slot AND o.claimed_at < clock_timestamp() - v_keep
+            FOR UPDATE SKIP LOCKED);
+        RETURN v_owner;
+    END $$;
     """,
 }
 
@@ -877,6 +920,13 @@ class PostgresStore(Store):
         args = (event.event_id, event.kind.value, event.job, event.run_id, event.at, _json(dict(event.data)))
         self._call(lambda c: c.execute(self._sql.record, args))
 
+    # -- the scheduler's slot claim ---------------------------------------
+
+    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str:
+        row = self._call(lambda c: c.execute(self._sql.claim_slot, (job, slot, owner, keep)).fetchone())
+        assert row is not None and row[0] is not None
+        return str(row[0])
+
     # -- the read side ----------------------------------------------------
 
     def open_runs(self, job: str | None = None) -> list[RunRecord]:
@@ -1017,6 +1067,7 @@ class _Statements:
             f"UPDATE {s}.locks SET owner = NULL, expires = NULL "
             "WHERE key = %s AND owner = %s AND expires > clock_timestamp()"
         )
+        self.claim_slot = f"SELECT {s}.claim_slot(%s::text, %s::float8, %s::text, %s::float8)"
         self.record = (
             f"INSERT INTO {s}.events (event_id, kind, job, run_id, at, data) "
             "VALUES (%s, %s, %s, %s, %s::float8, %s::jsonb)"

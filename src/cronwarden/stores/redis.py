@@ -601,6 +601,17 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 """
 
+# The scheduler's slot claim (Store.claim_slot): the first owner, kept with
+# PX, so it is forgotten by the server's clock and nothing else is written.
+
+_CLAIM_SLOT = r"""
+-- KEYS: 1 the claim. ARGV: 1 owner, 2 keep ms
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+"""
+
 
 class _Lua:
     """A script, sent by its SHA1 (``EVALSHA``), by its text on ``NOSCRIPT``."""
@@ -672,6 +683,7 @@ class RedisStore(Store):
         self._undelivered = _Lua(_UNDELIVERED)
         self._mark_delivered = _Lua(_MARK_DELIVERED)
         self._lock, self._renew_lock, self._unlock = _Lua(_LOCK), _Lua(_RENEW_LOCK), _Lua(_UNLOCK)
+        self._claim_slot = _Lua(_CLAIM_SLOT)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> RedisStore:
@@ -1055,6 +1067,15 @@ class RedisStore(Store):
         data = json.dumps(dict(event.data), separators=(",", ":"), default=str)
         keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs]
         self._eval(self._record, keys, [packed, data])
+
+    # -- the scheduler's slot claim ---------------------------------------
+
+    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str:
+        key = f"{self.prefix}slot:{job}:{float(slot)!r}"
+        # Rounded up: the claim is kept at least ``keep``.
+        keep_ms = max(1, math.ceil(keep * 1000))
+        reply = self._eval(self._claim_slot, [key], [owner, str(keep_ms)])
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
 
     # -- the read side ----------------------------------------------------
 

@@ -39,6 +39,15 @@ separate primary-key index), and ``events`` has the indexes its readers use:
 ``event_id`` (unique: the outbox acknowledges by id) and ``(job, at)`` (the
 monitor's bounded window reads, ``history``). ``events(run_id=…)`` without a
 job scans the ledger; nothing on a hot path asks for it.
+
+Schema v4 adds ``slot_claims`` (``claim_slot``, G8): one row per claimed
+``(job, slot)``, keyed by both (WITHOUT ROWID), with the owner and when it
+was claimed by the store's clock and boot. Each claim of a job forgets that
+job's claims older than ``keep`` in the same transaction, so the table holds
+about ``keep`` seconds of claims per job. CLOCK_BOOTTIME starts again at a
+reboot, so a claim of an earlier boot is judged by this boot's clock alone:
+once this boot has run longer than ``keep``, more than ``keep`` has passed
+since any claim made before it.
 """
 
 from __future__ import annotations
@@ -82,7 +91,7 @@ except ImportError:  # pragma: no cover - an interpreter without the _json accel
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE leases (
@@ -204,6 +213,18 @@ MIGRATIONS: dict[int, str] = {
     UPDATE outbox_marks SET mark = (SELECT coalesce(max(seq), 0) FROM events)
         WHERE mark > (SELECT coalesce(max(seq), 0) FROM events);
     DELETE FROM outbox_acks WHERE seq > (SELECT coalesce(max(seq), 0) FROM events);
+    """,
+    # v4: the scheduler's slot claims (see the module docstring). A new
+    # table only: the upgrade rewrites nothing.
+    4: """
+    CREATE TABLE slot_claims (
+        job        TEXT NOT NULL,
+        slot       REAL NOT NULL,
+        owner      TEXT NOT NULL,
+        claimed_at REAL NOT NULL,
+        boot_id    TEXT NOT NULL,
+        PRIMARY KEY (job, slot)
+    ) WITHOUT ROWID;
     """,
 }
 ACK_CHUNK = 500
@@ -626,6 +647,20 @@ class SqliteStore(Store):
             except sqlite3.Error as e:
                 raise _store_error(self.path, e) from None
 
+    # -- the scheduler's slot claim -------------------------------------------
+
+    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str:
+        slot = float(slot)
+        with self._tx() as db:
+            # The time is read under the write lock (held from BEGIN
+            # IMMEDIATE), so a wait for the lock cannot date the claim early,
+            # and nobody claims between the insert and the read of the owner.
+            now, boot = self._now()
+            db.execute(_FORGET_CLAIMS, (job, now, keep, boot))
+            db.execute(_CLAIM, (job, slot, owner, now, boot))
+            row = db.execute(_SLOT_OWNER, (job, slot)).fetchone()
+        return str(row[0])
+
     # -- the read side ----------------------------------------------------
 
     def open_runs(self, job: str | None = None) -> list[RunRecord]:
@@ -826,6 +861,19 @@ _UNLOCK = (
     "UPDATE locks SET owner = NULL, expires = NULL WHERE key = ?1 AND owner = ?2 AND boot_id = ?3 "
     "AND expires > ?4"
 )
+
+# The slot claim. The job's claims older than ``keep`` go first (the same
+# slot's too, so it can be claimed again); an earlier boot's claims once this
+# boot's clock is past ``keep`` (see the module docstring). The primary key
+# serves the delete.
+_FORGET_CLAIMS = (
+    "DELETE FROM slot_claims WHERE job = ?1 AND (claimed_at < ?2 - ?3 OR (boot_id <> ?4 AND ?2 > ?3))"
+)
+_CLAIM = (
+    "INSERT INTO slot_claims (job, slot, owner, claimed_at, boot_id) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (job, slot) DO NOTHING"
+)
+_SLOT_OWNER = "SELECT owner FROM slot_claims WHERE job = ? AND slot = ?"
 
 
 def _str(value: object) -> str:
