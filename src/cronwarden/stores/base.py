@@ -66,6 +66,20 @@ lock named like a job's lease key is a different lease. Same G1, G2, G4.
     unlock, or one after the ttl even if nobody took the key since, changes
     nothing). Returns whether it did.
 
+The scheduler's slot claim (G8): at most one run per scheduled fire, however
+many scheduler instances fire it.
+
+``claim_slot(job, slot, owner, keep)``
+    Claim the fire time ``slot`` (epoch seconds) of ``job`` for ``owner`` (a
+    scheduler instance), atomically: the first caller for a ``(job, slot)``
+    gets it, and every caller, the first included, is answered with the
+    owner of that first claim; the caller fires iff the answer is its own
+    ``owner`` (so a retry after a lost reply fires once). A claim is kept
+    at least ``keep`` seconds after it was made and may be forgotten after:
+    the caller must not claim a slot it could have claimed more than
+    ``keep`` seconds earlier (the scheduler claims only within its misfire
+    grace, far less). Writes nothing to the ledger: the run it fires does.
+
 The read side (``open_runs``, ``runs``, ``events``, ``jobs``, ``job``)
 returns frozen records; it never changes the ledger. ``job(name)`` reads the
 one job's saved settings (``None`` if never saved), without reading the
@@ -255,6 +269,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def unlock(self, key: str, owner: str) -> bool: ...
+
+    @abc.abstractmethod
+    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...
