@@ -204,3 +204,46 @@ def test_a_new_database_has_the_v4_schema(tmp_path: Path, clock: FakeClock) -> N
     assert "WITHOUT ROWID" in sql["slot_claims"]
     assert {"runs_job_started", "runs_open", "events_job_at", "events_event_id"} <= indexes
     assert "events_run" not in indexes
+
+
+OPEN_WHEN_TOLD = """
+import random, sys, time
+from cronwarden.stores import open_store
+print("ready", flush=True)
+sys.stdin.readline()
+for path in sys.argv[1:]:
+    time.sleep(random.random() / 100)  # some arrive while another creates the schema
+    try:
+        open_store("sqlite:///" + path).close()
+        print("opened", flush=True)
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", flush=True)
+"""
+
+
+def test_processes_opening_new_files_together_all_open_them(tmp_path: Path) -> None:
+    """Two cron lines in the same minute on a fresh install: one creates the
+    schema while the others look. None may take the half-made schema for
+    another program's tables, or fail on a busy answer SQLite gives without
+    waiting. Eight processes, released together, open the same 30 new files
+    in turn, each after a random pause of up to 10 ms."""
+    import subprocess
+    import sys
+
+    paths = [str(tmp_path / f"new-{n}.db") for n in range(30)]
+    argv = [sys.executable, "-c", OPEN_WHEN_TOLD, *paths]
+    procs = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(8)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    answers = [line for p in procs for line in p.communicate(timeout=120)[0].splitlines()]
+    assert [a for a in answers if a != "opened"] == []
+    assert len(answers) == 8 * len(paths)
+    for path in paths:
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

@@ -56,6 +56,7 @@ import math
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -309,18 +310,46 @@ class SqliteStore(Store):
             raise StoreError(f"cannot open SQLite store {self.path}: {e}") from None
         try:
             self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                self._refuse_foreign()  # before WAL mode rewrites the file's header
-            mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal":
-                raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
-            self._db.execute(f"PRAGMA synchronous = {synchronous}")
-            if version != SCHEMA_VERSION:
-                self._migrate()
-        except sqlite3.DatabaseError as e:
+            self._prepare(synchronous, deadline=time.monotonic() + busy_timeout)
+        except (sqlite3.DatabaseError, StoreError) as e:
             self._db.close()
+            if isinstance(e, StoreError):
+                raise
             raise _store_error(self.path, e) from None
+
+    def _prepare(self, synchronous: str, deadline: float) -> None:
+        """Check the file is ours, set WAL mode, create or upgrade the schema.
+
+        Several processes may open a new file at once (two cron lines firing
+        in the same minute, scheduler instances starting together): the
+        version and the tables are read in one snapshot, so a schema being
+        created by another process is never mistaken for another program's
+        tables, and a busy answer SQLite gives without waiting (a connection
+        that holds a read lock while another writes; the busy timeout does
+        not apply there) is retried until the busy timeout has passed."""
+        db = self._db
+        while True:
+            try:
+                db.execute("BEGIN")
+                try:
+                    version = db.execute("PRAGMA user_version").fetchone()[0]
+                    if version == 0:
+                        self._refuse_foreign()  # before WAL mode rewrites the file's header
+                finally:
+                    if db.in_transaction:
+                        db.execute("COMMIT")
+                mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
+                db.execute(f"PRAGMA synchronous = {synchronous}")
+                if version != SCHEMA_VERSION:
+                    self._migrate()
+                return
+            except sqlite3.OperationalError as e:
+                text = str(e)
+                if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)  # another process is creating or upgrading the schema
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
