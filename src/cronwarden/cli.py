@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("cronwarden.commands.run", "run a command under the job's lease (drop-in for flock -n)"),
+    "scheduler": (
+        "cronwarden.commands.scheduler",
+        "run the config file's jobs on schedule, once per slot across hosts",
+    ),
     "status": ("cronwarden.commands.views", "the runs open now, on every host"),
     "history": ("cronwarden.commands.views", "a job's recent runs and the skips between them"),
     "config": ("cronwarden.commands.config", "check the config file, or show each job's resolved settings"),

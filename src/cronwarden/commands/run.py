@@ -3,6 +3,7 @@ import only what one guarded run of one child needs."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from cronwarden.supervisor import SignalRelay
 
 
-def _resolve(command: str) -> None:
+def resolve_command(command: str) -> None:
     """Fail before touching the store when the command cannot run, like a
     shell: 127 not found, 126 not executable."""
     from cronwarden.supervisor import CommandNotExecutable, CommandNotFound
@@ -145,6 +146,16 @@ def _exit_code(text: str) -> int:
     return int(text)
 
 
+def _slot(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"--slot must be a time in epoch seconds like 1764583800, got {text!r}")
+    return value
+
+
 FLAGS: dict[str, dict[str, Any]] = {
     "--job": {"required": True, "help": "job name (letters, digits, _ . @ -)"},
     "--config": {"metavar": "PATH", "help": "config file (default: $CRONWARDEN_CONFIG, else "
@@ -178,6 +189,9 @@ FLAGS: dict[str, dict[str, Any]] = {
                          "help": "exit status when the start is skipped or queued (default 0)"},
     "--on-store-error": {"choices": ["fail", "run"], "default": "fail",
                          "help": "store unreachable: fail closed (default, exit 75) or run unguarded"},
+    "--slot": {"type": _slot, "metavar": "EPOCH",
+               "help": "the scheduled time this run is for, in epoch seconds (the scheduler passes "
+               "it; default: the schedule's latest fire time)"},
     "--quiet": {"action": "store_true", "help": "no line on stderr for a skip"},
     "--store": STORE_FLAG,
 }  # fmt: skip
@@ -224,9 +238,9 @@ def main(args: Any) -> int:
         ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=args.renew_every,
         max_runtime=settings.max_runtime, max_pending=settings.max_pending,
         replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
-        slot=None if schedule is None else schedule.slot(now),
+        slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),
     )  # fmt: skip
-    _resolve(command[0])
+    resolve_command(command[0])
     info = _job_info(settings, schedule, now)
     from cronwarden.supervisor import SignalRelay
 

@@ -1,0 +1,129 @@
+"""``cronwarden scheduler``: run the config file's jobs at their scheduled
+times, on one host or several (see ``cronwarden.scheduler``)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any
+
+from cronwarden.errors import UsageError
+from cronwarden.supervisor import CommandNotExecutable, CommandNotFound
+
+EPILOG = """jobs: every [jobs.NAME] table with a command and a schedule (or every). Each fire is
+  `cronwarden run --job NAME --slot T -- COMMAND`, so it follows the job's ttl, policy,
+  max_runtime and sinks like a cron line; a job with shards starts one run per shard.
+
+several hosts: start the same config on each, with a store they share (postgresql://…,
+  redis://…). Each fire is claimed in the store by job and time: one instance runs it
+  (G8), the others print who did. An instance that stops loses nothing but its own fires.
+
+stopping: SIGTERM or Ctrl-C stops firing, sends SIGTERM to the runs still going (each
+  stops its command and records how it ended) and waits up to --stop-timeout for them.
+  With --for, the runs still going are waited for instead.
+
+exit status: 0 stopped; 2 bad usage or configuration; 75 store unreachable at start.
+
+example:
+  cronwarden scheduler --config /etc/cronwarden.toml --store postgresql://cw@db/cronwarden"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from cronwarden.cli import add_store_flag, duration
+
+    p.description = (
+        "Run the config file's jobs at their scheduled times: a small cron daemon whose every "
+        "fire is a guarded run, claimed once per slot across all the instances that share a store."
+    )
+    p.epilog = EPILOG
+    p.add_argument("--config", metavar="PATH", help="config file (default: $CRONWARDEN_CONFIG or "
+                   "./cronwarden.toml)")  # fmt: skip
+    p.add_argument("--misfire-grace", type=duration("--misfire-grace"), default=60.0, metavar="DURATION",
+                   help="fire a slot at most this late (default 60s); later ones are left to the "
+                   "monitor as missed")  # fmt: skip
+    p.add_argument("--keep", type=duration("--keep"), default=86400.0, metavar="DURATION",
+                   help="how long the store keeps a slot's claim (default 1d; must exceed the grace "
+                   "plus the clock skew between hosts)")  # fmt: skip
+    p.add_argument("--id", metavar="NAME", help="this instance's name in claims and messages "
+                   "(default HOST:PID)")  # fmt: skip
+    p.add_argument("--for", dest="for_", type=duration("--for"), metavar="DURATION",
+                   help="stop after this long (default: until SIGTERM or Ctrl-C)")  # fmt: skip
+    p.add_argument("--stop-timeout", type=duration("--stop-timeout"), default=30.0, metavar="DURATION",
+                   help="when stopping, wait this long for runs still going, then SIGKILL them "
+                   "(default 30s)")  # fmt: skip
+    add_store_flag(p)
+
+
+def main(args: Any) -> int:
+    from cronwarden.cli import store_url
+    from cronwarden.commands.run import resolve_command
+    from cronwarden.config import find, load
+    from cronwarden.errors import mask_password
+    from cronwarden.scheduler import RunLauncher, ScheduledJob, Scheduler
+    from cronwarden.stores import open_store
+
+    path = find(args.config)
+    if path is None:
+        raise UsageError("scheduler: no config file (--config PATH, $CRONWARDEN_CONFIG or "
+                         "./cronwarden.toml); expected one with [jobs.NAME] tables that have a command "
+                         "and a schedule")  # fmt: skip
+    config = load(path)
+    jobs = [ScheduledJob.from_settings(j) for j in config.jobs if j.command]
+    if not jobs:
+        raise UsageError(f"scheduler: no job in {path} has a command; add e.g. command = [\"/opt/bin/job\"] "
+                         "and a schedule or every to a [jobs.NAME] table")  # fmt: skip
+    if args.keep <= args.misfire_grace:
+        raise UsageError(f"--keep must be longer than --misfire-grace ({args.misfire_grace:g}s), "
+                         f"got {args.keep:g}s")  # fmt: skip
+    if args.id is not None and (not args.id.strip() or len(args.id) > 200):
+        raise UsageError(f"--id must be a non-empty name of at most 200 characters, got {args.id!r}")
+    for job in jobs:
+        try:
+            resolve_command(job.settings.command[0])
+        except (CommandNotFound, CommandNotExecutable) as e:
+            # Not fatal: one job's missing binary must not stop the others
+            # (a deploy may bring it); each fire of it fails the same way.
+            print(f"cronwarden scheduler: {job.name}: {e}; each fire will fail", file=sys.stderr)
+
+    url = store_url(args, config.store)
+    store = open_store(url)
+    wake = threading.Event()
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        wake.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGCHLD, lambda _s, _f: wake.set())  # a run ended: reap it now
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    kwargs: dict[str, Any] = {} if args.id is None else {"instance": args.id}
+    sched = Scheduler(store, jobs, RunLauncher(url, path), misfire_grace=args.misfire_grace,
+                      keep=args.keep, say=say, **kwargs)  # fmt: skip
+    unscheduled = [j.name for j in config.jobs if not j.command]
+    listed = ", ".join(f"{j.name} ({j.schedule.text})" for j in jobs)
+    if unscheduled:
+        listed += f"; without a command, not scheduled here: {', '.join(unscheduled)}"
+    say(
+        f"cronwarden scheduler {sched.instance}: {len(jobs)} job(s) from {path} "
+        f"on {mask_password(url)}: {listed}"
+    )
+    until = None if args.for_ is None else sched.clock.wall() + args.for_
+    try:
+        sched.serve(wake, lambda: bool(stopping), until)
+        if stopping:
+            say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "
+                f"{len(sched.running)} run(s) still going")  # fmt: skip
+            sched.stop_runs(args.stop_timeout)
+        else:
+            sched.wait_runs(args.stop_timeout)
+    finally:
+        store.close()
+    say(f"cronwarden scheduler {sched.instance}: stopped; fired {sched.fired} slot(s)")
+    return 0

@@ -1,0 +1,303 @@
+"""The scheduler (G8: at most one run per slot, however many instances).
+
+The firing logic runs against a real store with the scheduler's clock
+injected and a launcher that records what it would start; the last tests
+run real ``cronwarden scheduler`` processes, two at once on one store, with
+real runs, signals and the ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.processes import kill_quietly
+
+from cronwarden.clock import FakeClock
+from cronwarden.config import JobSettings
+from cronwarden.events import EventKind, Outcome
+from cronwarden.policy import Policy
+from cronwarden.scheduler import ScheduledJob, Scheduler
+from cronwarden.stores import open_store
+from cronwarden.stores.base import EventQuery, Store
+
+T0 = 1_800_000_000.0
+"""A fire time of every period used here (a multiple of 10 s and of 60 s)."""
+
+
+@dataclass
+class FakeChild:
+    pid: int
+    code: int | None = None
+    signals: list[int] = field(default_factory=list)
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        self.code = -sig
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.code is not None
+        return self.code
+
+
+@dataclass
+class Launches:
+    """The launcher: records (job, slot, shard) and returns a child that
+    runs until the test ends it."""
+
+    started: list[tuple[str, float, str | None]] = field(default_factory=list)
+    children: list[FakeChild] = field(default_factory=list)
+
+    def __call__(self, job: ScheduledJob, slot: float, shard: str | None) -> FakeChild:
+        self.started.append((job.name, slot, shard))
+        self.children.append(FakeChild(pid=1000 + len(self.children)))
+        return self.children[-1]
+
+
+def every(name: str, seconds: float, **kwargs: Any) -> ScheduledJob:
+    settings = JobSettings(name=name, every=seconds, command=("/bin/true",), **kwargs)
+    return ScheduledJob.from_settings(settings)
+
+
+def scheduler(
+    store: Store, jobs: list[ScheduledJob], clock: FakeClock, instance: str, **kwargs: Any
+) -> tuple[Scheduler, Launches, list[str]]:
+    lines: list[str] = []
+    launches = Launches()
+    s = Scheduler(store, jobs, launches, instance=instance, clock=clock, say=lines.append, **kwargs)
+    return s, launches, lines
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    with open_store(f"sqlite:///{tmp_path / 'cw.db'}") as store:
+        yield store
+
+
+def test_each_slot_fires_once_at_its_time(sqlite_store: Store) -> None:
+    clock = FakeClock(start=T0 + 3)  # 3 s after a fire time: still within the grace
+    s, launches, _ = scheduler(sqlite_store, [every("tick", 10)], clock, "a")
+    assert s.tick() == T0 + 10
+    assert launches.started == [("tick", T0, None)]
+    clock.advance(6.9)  # T0 + 9.9: nothing due
+    s.tick()
+    assert len(launches.started) == 1
+    for n in (1, 2, 3):
+        clock.advance(T0 + 10 * n - clock.wall())
+        assert s.tick() == T0 + 10 * (n + 1)
+    assert [slot for _, slot, _ in launches.started] == [T0, T0 + 10, T0 + 20, T0 + 30]
+    assert s.fired == 4
+
+
+def test_two_instances_on_one_store_fire_each_slot_once(store_url: str) -> None:
+    """G8 on every backend: two instances look at the same slots, in either
+    order; each slot starts exactly one run, and the loser names the winner."""
+    clock = FakeClock(start=T0)
+    with open_store(store_url) as one, open_store(store_url) as two:
+        a, started_a, lines_a = scheduler(one, [every("tick", 10)], clock, "host-a:1")
+        b, started_b, lines_b = scheduler(two, [every("tick", 10)], clock, "host-b:2")
+        for n in range(6):
+            clock.advance(T0 + 10 * n - clock.wall())
+            first, second = (a, b) if n % 2 == 0 else (b, a)
+            first.tick()
+            second.tick()
+    slots = sorted(slot for _, slot, _ in started_a.started + started_b.started)
+    assert slots == [T0 + 10 * n for n in range(6)]
+    assert a.fired == b.fired == 3
+    assert sum("fired by host-a:1" in line for line in lines_b) == 3
+    assert sum("fired by host-b:2" in line for line in lines_a) == 3
+
+
+def test_a_restarted_instance_does_not_fire_a_slot_again(sqlite_store: Store) -> None:
+    clock = FakeClock(start=T0 + 1)
+    old, launched_old, _ = scheduler(sqlite_store, [every("tick", 60)], clock, "host:1")
+    old.tick()
+    assert launched_old.started == [("tick", T0, None)]
+    clock.advance(5)  # restarted within the grace: the slot is looked at again, and was fired
+    new, launched_new, lines = scheduler(sqlite_store, [every("tick", 60)], clock, "host:2")
+    new.tick()
+    assert launched_new.started == []
+    assert any("fired by host:1" in line for line in lines)
+
+
+def test_a_slot_later_than_the_grace_is_not_fired_and_is_said(sqlite_store: Store) -> None:
+    clock = FakeClock(start=T0 + 30)
+    s, launches, lines = scheduler(sqlite_store, [every("tick", 60)], clock, "a", misfire_grace=10)
+    s.tick()  # T0 was 30 s ago, past the 10 s grace: left to the monitor
+    assert launches.started == []
+    clock.advance(30)  # T0 + 60
+    s.tick()
+    assert launches.started == [("tick", T0 + 60, None)]
+    # Asleep for 10 minutes (a suspended host): the slots in between are not
+    # run late, they are said, and the one within the grace is fired.
+    clock.advance(600 + 4)
+    s.tick()
+    assert launches.started[-1] == ("tick", T0 + 660, None)
+    assert len(launches.started) == 2
+    said = [line for line in lines if "not fired" in line]
+    assert len(said) == 1 and "and more" in said[0] and "misfire grace 10s" in said[0]
+
+
+def test_a_job_with_shards_starts_one_run_per_shard(sqlite_store: Store) -> None:
+    clock = FakeClock(start=T0)
+    job = every("ingest", 60, policy=Policy.ALLOW, shards=("eu", "us"), reason="shards are disjoint")
+    s, launches, _ = scheduler(sqlite_store, [job], clock, "a")
+    s.tick()
+    assert launches.started == [("ingest", T0, "eu"), ("ingest", T0, "us")]
+    assert s.fired == 1
+
+
+def test_an_unreachable_store_fires_nothing_and_says_why() -> None:
+    """Fail closed, like a run: no claim, no run; the next slot tries again."""
+    clock = FakeClock(start=T0)
+    with open_store("redis://127.0.0.1:1/0?connect_timeout=200ms") as store:
+        s, launches, lines = scheduler(store, [every("tick", 10)], clock, "a")
+        s.tick()
+    assert launches.started == []
+    assert len(lines) == 1 and "not fired" in lines[0] and "127.0.0.1:1" in lines[0]
+
+
+def test_finished_runs_are_reaped_with_their_status_and_stop_signals_the_rest(sqlite_store: Store) -> None:
+    clock = FakeClock(start=T0)
+    s, launches, lines = scheduler(sqlite_store, [every("a", 10), every("b", 10)], clock, "x")
+    s.tick()
+    first, second = launches.children
+    first.code = 3
+    s.tick()
+    assert [r.job for r in s.running] == ["b"]
+    assert any(line.endswith("a: slot 2027-01-15T08:00:00Z ended, exit status 3") for line in lines)
+    s.stop_runs(timeout=1.0)
+    assert second.signals == [signal.SIGTERM] and s.running == []
+    assert any("exit status signal 15" in line for line in lines)
+
+
+# -- real processes --------------------------------------------------------------------
+
+WRITE_SLOT = "import os, sys; open(sys.argv[1], 'a').write(os.environ['CRONWARDEN_RUN_ID'] + '\\n')"
+
+
+def _config(tmp_path: Path, command: list[str], every: str = "1s") -> Path:
+    path = tmp_path / "cronwarden.toml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        [jobs.tick]
+        every = "{every}"
+        ttl = "30s"
+        command = {json.dumps(command)}
+    """)
+    )
+    return path
+
+
+def _scheduler(config: Path, store_url: str, *extra: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "cronwarden", "scheduler", "--config", str(config), "--store", store_url]
+    return subprocess.Popen([*argv, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_scheduler_processes_run_each_slot_once(store_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "ran"
+    config = _config(tmp_path, [sys.executable, "-c", WRITE_SLOT, str(out)])
+    procs = [_scheduler(config, store_url, "--for", "3500ms", "--id", f"inst-{n}") for n in (1, 2)]
+    try:
+        results = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            kill_quietly(p.pid)
+    assert [p.returncode for p in procs] == [0, 0], results
+    with open_store(store_url) as store:
+        runs = store.runs("tick", limit=100)
+    assert len(runs) >= 2, results
+    slots = [r.slot for r in runs]
+    assert len(set(slots)) == len(slots), f"a slot ran twice: {sorted(s for s in slots if s is not None)}"
+    assert all(r.outcome is Outcome.SUCCEEDED for r in runs)
+    # Every run the ledger has ran its command once, and each was started by one instance.
+    assert sorted(out.read_text().split()) == sorted(r.run_id for r in runs)
+    # Each start line is a run, or a start the job's policy skipped because
+    # the previous slot's run still held the lease (a loaded machine): recorded too.
+    started = [line for out, _ in results for line in out.splitlines() if " started, pid " in line]
+    with open_store(store_url) as store:
+        skipped = store.events(EventQuery(job="tick", kinds=[EventKind.SKIPPED]))
+    assert len(started) == len(runs) + len(skipped)
+
+
+def test_sigterm_stops_the_scheduler_and_its_runs_are_recorded(store_url: str, tmp_path: Path) -> None:
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    command = "import sys, time; open(sys.argv[1], 'w').write('up\\n'); time.sleep(60)"
+    # Every minute: the slot of this minute is fired at start (it is within
+    # the grace) and the next is at least a second away.
+    config = _config(tmp_path, [sys.executable, "-c", command, str(fifo)], every="1m")
+    proc = _scheduler(config, store_url, "--stop-timeout", "20s")
+    try:
+        with open(fifo) as started:  # blocks until the run's command is up
+            assert started.readline() == "up\n"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        kill_quietly(proc.pid)
+    assert proc.returncode == 0, err
+    assert "stopping 1 run(s) still going" in out and "stopped; fired 1 slot(s)" in out
+    with open_store(store_url) as store:
+        assert store.open_runs("tick") == []
+        (run,) = store.runs("tick")
+    assert run.outcome is Outcome.FAILED and run.exit_code == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "expected"),
+    [
+        ((), None, "no config file"),
+        ((), '[jobs.x]\nevery = "1m"\n', "no job in"),
+        (("--misfire-grace", "soon"), "ok", "--misfire-grace"),
+        (("--keep", "30s"), "ok", "--keep must be longer than --misfire-grace"),
+        (("--id", ""), "ok", "--id must be"),
+        (("--for", "0s"), "ok", "--for"),
+        ((), '[jobs.x]\ncommand = ["/bin/true"]\n', "no schedule or every"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], config: str | None,
+                                          expected: str) -> None:  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRONWARDEN_")}
+    argv = [
+        sys.executable,
+        "-m",
+        "cronwarden",
+        "scheduler",
+        "--store",
+        f"sqlite:///{tmp_path / 'cw.db'}",
+        *args,
+    ]
+    if config is not None:
+        path = tmp_path / "c.toml"
+        path.write_text('[jobs.x]\nevery = "1m"\ncommand = ["/bin/true"]\n' if config == "ok" else config)
+        argv += ["--config", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=30)
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_run_slot_flag_is_recorded_and_checked(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cw.db'}"
+    base = [sys.executable, "-m", "cronwarden", "run", "--job", "x", "--store", url]
+    done = subprocess.run([*base, "--slot", "1764583800", "--", "true"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with open_store(url) as store:
+        (run,) = store.runs("x")
+    assert run.slot == 1764583800.0
+    bad = subprocess.run([*base, "--slot", "yesterday", "--", "true"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--slot must be a time in epoch seconds" in bad.stderr
