@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,6 +233,46 @@ def test_two_scheduler_processes_run_each_slot_once(store_url: str, tmp_path: Pa
     with open_store(store_url) as store:
         skipped = store.events(EventQuery(job="tick", kinds=[EventKind.SKIPPED]))
     assert len(started) == len(runs) + len(skipped)
+
+
+def test_when_one_instance_is_killed_the_other_fires_every_later_slot(store_url: str, tmp_path: Path) -> None:
+    """No leader to lose: after kill -9 of one instance, the other fires
+    every slot from then on; a run the dead instance started finishes and is
+    recorded (it is its own process, guarded by its own lease)."""
+    out = tmp_path / "ran"
+    config = _config(tmp_path, [sys.executable, "-c", WRITE_SLOT, str(out)])
+    doomed = _scheduler(config, store_url, "--id", "doomed")
+    survivor = None
+    try:
+        assert doomed.stdout is not None
+        for line in doomed.stdout:  # alone, it wins the slot of its start
+            if " started, pid " in line:
+                break
+        survivor = _scheduler(config, store_url, "--for", "6s", "--id", "survivor")
+        assert survivor.stdout is not None
+        assert "cronwarden scheduler survivor" in survivor.stdout.readline()  # it is up
+        doomed.kill()
+        killed_at = time.time()
+        doomed.wait(timeout=10)
+        survivor_out, _ = survivor.communicate(timeout=60)
+        ended_at = time.time()
+    finally:
+        kill_quietly(doomed.pid)
+        if survivor is not None:
+            kill_quietly(survivor.pid)
+    assert survivor.returncode == 0
+    with open_store(store_url) as store:
+        runs = store.runs("tick", limit=100)
+        skipped = store.events(EventQuery(job="tick", kinds=[EventKind.SKIPPED]))
+        assert store.open_runs("tick") == []
+    slots = [r.slot for r in runs]
+    assert len(set(slots)) == len(slots)
+    assert any(r.slot is not None and r.slot < killed_at - 0.5 for r in runs), "the doomed instance's run"
+    # Every whole second after the kill (and before the survivor stopped
+    # firing) is a slot the survivor fired: a run, or a start its policy skipped.
+    covered = {s for s in slots if s is not None} | {float(e.data["slot"]) for e in skipped}
+    expected = {float(t) for t in range(int(killed_at) + 1, int(ended_at) - 1)}
+    assert expected and expected <= covered, (sorted(expected - covered), survivor_out)
 
 
 def test_sigterm_stops_the_scheduler_and_its_runs_are_recorded(store_url: str, tmp_path: Path) -> None:
