@@ -14,12 +14,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import POSTGRES_URL
 from tests.processes import kill_quietly
 
 from cronwarden.clock import FakeClock
@@ -170,6 +172,26 @@ def test_an_unreachable_store_fires_nothing_and_says_why() -> None:
         s.tick()
     assert launches.started == []
     assert len(lines) == 1 and "not fired" in lines[0] and "127.0.0.1:1" in lines[0]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_a_connection_closed_while_idle_does_not_cost_a_slot(store_url: str) -> None:
+    """A daemon's store connection sits idle between fires, and the server
+    may end the session meanwhile (here pg_terminate_backend): the next
+    claim goes out on a new connection, and the slot still fires. (A
+    connection that died silently fails the first claim after its timeout;
+    the scheduler then asks once more, on a new one.)"""
+    from tests.stores.test_postgres_faults import admin, terminate
+
+    name = f"cw-sched-{uuid.uuid4().hex[:8]}"
+    clock = FakeClock(start=T0)
+    with open_store(f"{store_url}&application_name={name}") as store, admin(POSTGRES_URL) as pg:
+        s, launches, lines = scheduler(store, [every("tick", 60)], clock, "a")
+        s.tick()
+        terminate(pg, name)
+        clock.advance(60)
+        s.tick()
+    assert [slot for _, slot, _ in launches.started] == [T0, T0 + 60], lines
 
 
 def test_finished_runs_are_reaped_with_their_status_and_stop_signals_the_rest(sqlite_store: Store) -> None:

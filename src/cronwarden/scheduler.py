@@ -39,7 +39,7 @@ from typing import Protocol
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config import JobSettings
-from cronwarden.errors import StoreError
+from cronwarden.errors import StoreError, StoreUnavailable
 from cronwarden.schedule import Schedule
 from cronwarden.stores.base import Store
 
@@ -167,9 +167,19 @@ class Scheduler:
             f"{self.misfire_grace:g}s; the monitor records missed slots)"
         )
 
+    def _claim(self, job: ScheduledJob, slot: float) -> str:
+        try:
+            return self.store.claim_slot(job.name, slot, self.instance, self.keep)
+        except StoreUnavailable:
+            # Once more, at once: a daemon's connection may have been closed
+            # while idle (a server or pooler idle timeout), which the first
+            # call finds out and the second replaces. Safe: a claim asked
+            # again by its owner answers the same (see Store.claim_slot).
+            return self.store.claim_slot(job.name, slot, self.instance, self.keep)
+
     def _fire(self, job: ScheduledJob, slot: float) -> None:
         try:
-            owner = self.store.claim_slot(job.name, slot, self.instance, self.keep)
+            owner = self._claim(job, slot)
         except StoreError as e:
             # Fail closed, like a run: no claim, no run. The next slot tries again.
             self.say(f"{_when(self.clock.wall())} {job.name}: slot {_when(slot)} not fired: {e}")
