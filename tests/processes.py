@@ -4,7 +4,26 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def spawn_python(call: str) -> subprocess.Popen[str]:
+    """A new interpreter running ``call`` (e.g. ``from contract.test_x import
+    worker; worker(...)``) with the tests directory importable, its stdin,
+    stdout and stderr piped as text: workers that a test releases through
+    stdin and that answer on stdout."""
+    code = f"import sys; sys.path[:0] = [{str(TESTS_DIR)!r}, {str(TESTS_DIR.parent)!r}]; {call}"
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def alive(pid: int) -> bool:

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
+
+from tests.processes import spawn_python
 
 from cronwarden.events import EventKind
 from cronwarden.stores.base import Store
@@ -34,7 +35,6 @@ the lease never changes hands between processes."""
 TTL = 60.0
 """Never expires during the test: every handover is a release."""
 JOB = "contended"
-TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 def worker(url: str, attempts: int) -> None:
@@ -77,17 +77,7 @@ def worker(url: str, attempts: int) -> None:
 
 
 def _spawn(url: str) -> subprocess.Popen[str]:
-    code = (
-        f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r}); "
-        f"from contract.test_many_processes import worker; worker({url!r}, {ATTEMPTS})"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn_python(f"from contract.test_many_processes import worker; worker({url!r}, {ATTEMPTS})")
 
 
 def _run_workers(url: str) -> list[dict[str, list]]:

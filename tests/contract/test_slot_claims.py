@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tests.processes import spawn_python
 
 from cronwarden.clock import Clock, FakeClock
 from cronwarden.stores import open_store
@@ -37,7 +38,6 @@ STEP = 0.02
 """Seconds between the workers' claims of one slot and of the next. Without
 a common start per slot the first worker to get going claims every slot
 before the others ask."""
-TESTS_DIR = Path(__file__).resolve().parents[1]
 POSTGRES_URL = os.environ.get("CRONWARDEN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -205,17 +205,7 @@ def claimer(url: str, owner: str) -> None:
 
 
 def _spawn(url: str, owner: str) -> subprocess.Popen[str]:
-    code = (
-        f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r}); "
-        f"from contract.test_slot_claims import claimer; claimer({url!r}, {owner!r})"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn_python(f"from contract.test_slot_claims import claimer; claimer({url!r}, {owner!r})")
 
 
 def test_eight_processes_racing_for_a_slot_agree_on_one_owner(store_url: str, store: Store) -> None:
