@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
+import select
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,7 +51,9 @@ MAX_WAIT = 60.0
 """Longest sleep between looks at the clock: a wall-clock step (NTP, a
 resumed host) is noticed within this."""
 MISSED_LISTED = 3
-"""Missed slots named one by one; more are counted."""
+"""Slots not started late that are named in the message; more are "and more"."""
+MAX_WALK = 10_000
+"""Fire times walked over one by one after a late tick; beyond, jumped."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Scheduler:
     jobs: Sequence[ScheduledJob]
     launch: Launch
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    """This instance's name in messages (``--id``)."""
     clock: Clock = SYSTEM_CLOCK
     misfire_grace: float = DEFAULT_MISFIRE_GRACE
     keep: float = DEFAULT_KEEP
@@ -110,10 +114,16 @@ class Scheduler:
     fired: int = 0
     """Slots this instance won and started."""
     _next: dict[str, float] = field(default_factory=dict)
+    owner: str = ""
+    """What this instance claims slots as: its name and a random part, so
+    that an instance restarted under the same name (``--id``, a container's
+    pid 1) or a second one given the same name never takes the first's
+    claim for its own."""
 
     def __post_init__(self) -> None:
         if not self.misfire_grace > 0 or not self.keep > self.misfire_grace:
             raise ValueError("misfire_grace must be positive and less than keep")
+        self.owner = f"{self.instance}#{secrets.token_hex(4)}"
         now = self.clock.wall()
         for job in self.jobs:
             # The latest slot, if it is still within the grace: a restart
@@ -137,45 +147,49 @@ class Scheduler:
         return self.next_fire()
 
     def _due(self, job: ScheduledJob, now: float) -> None:
-        first = self._next[job.name]
-        latest = job.schedule.slot(now)
-        missed = self._slots(job, first, latest)
+        earlier, latest = self._latest(job, self._next[job.name], now)
+        if earlier:
+            # A late tick (a suspended host, a long stall): only the latest
+            # due slot may still run; earlier ones are not started late.
+            listed = ", ".join(_when(t) for t in earlier[:MISSED_LISTED])
+            more = " and more" if len(earlier) > MISSED_LISTED else ""
+            self.say(f"{_when(now)} {job.name}: not started late: {listed}{more} (a later slot is due)")
         if now - latest <= self.misfire_grace:
             self._fire(job, latest)
         else:
-            missed.append(latest)
-        if missed:
-            self._report_missed(job, missed, now)
+            late = f"{now - latest:.0f}s late, past the misfire grace {self.misfire_grace:g}s"
+            self.say(f"{_when(now)} {job.name}: slot {_when(latest)} not fired: {late}")
         self._next[job.name] = job.schedule.next_fire(latest)
 
-    def _slots(self, job: ScheduledJob, first: float, before: float) -> list[float]:
-        """The fire times from ``first`` up to (not including) ``before``;
-        at most MISSED_LISTED + 1 of them when there are more (the count
-        is reported, not each)."""
-        out: list[float] = []
+    def _latest(self, job: ScheduledJob, first: float, now: float) -> tuple[list[float], float]:
+        """The latest fire time at or before ``now``, walking forward from the
+        due one ``first``, and the fire times passed on the way (at most
+        MISSED_LISTED + 1 of them). Forward, because that is how fire times
+        are made: in a repeated hour (daylight saving ends) ``slot(now)``,
+        which looks back, gives the first pass of the hour, a slot already
+        fired. A very long gap is jumped over."""
+        earlier: list[float] = []
         t = first
-        while t < before and len(out) <= MISSED_LISTED:
-            out.append(t)
-            t = job.schedule.next_fire(t)
-        return out
-
-    def _report_missed(self, job: ScheduledJob, missed: list[float], now: float) -> None:
-        listed = ", ".join(_when(t) for t in missed[:MISSED_LISTED])
-        more = " and more" if len(missed) > MISSED_LISTED else ""
-        self.say(
-            f"{_when(now)} {job.name}: not fired: {listed}{more} (later than the misfire grace "
-            f"{self.misfire_grace:g}s; the monitor records missed slots)"
-        )
+        for _ in range(MAX_WALK):
+            nxt = job.schedule.next_fire(t)
+            if nxt > now:
+                return earlier, t
+            if len(earlier) <= MISSED_LISTED:
+                earlier.append(t)
+            t = nxt
+        return earlier, max(t, job.schedule.slot(now))
 
     def _claim(self, job: ScheduledJob, slot: float) -> str:
         try:
-            return self.store.claim_slot(job.name, slot, self.instance, self.keep)
+            return self.store.claim_slot(job.name, slot, self.owner, self.keep)
         except StoreUnavailable:
-            # Once more, at once: a daemon's connection may have been closed
-            # while idle (a server or pooler idle timeout), which the first
-            # call finds out and the second replaces. Safe: a claim asked
-            # again by its owner answers the same (see Store.claim_slot).
-            return self.store.claim_slot(job.name, slot, self.instance, self.keep)
+            if self.store.url.startswith("sqlite:"):
+                raise  # no connection to lose: locked, and waited for busy_timeout already
+            # Once more, at once: a daemon's connection may have died while
+            # idle (a server's, a pooler's or a firewall's idle timeout),
+            # which the first call finds out and the second replaces. Safe:
+            # a claim asked again by its owner answers the same.
+            return self.store.claim_slot(job.name, slot, self.owner, self.keep)
 
     def _fire(self, job: ScheduledJob, slot: float) -> None:
         try:
@@ -184,14 +198,14 @@ class Scheduler:
             # Fail closed, like a run: no claim, no run. The next slot tries again.
             self.say(f"{_when(self.clock.wall())} {job.name}: slot {_when(slot)} not fired: {e}")
             return
-        if owner != self.instance:
+        if owner != self.owner:
             self.say(f"{_when(self.clock.wall())} {job.name}: slot {_when(slot)} fired by {owner}")
             return
         self.fired += 1
         for shard in job.settings.shards or (None,):
             try:
                 child = self.launch(job, slot, shard)
-            except OSError as e:
+            except (OSError, ValueError, subprocess.SubprocessError) as e:
                 self.say(f"{_when(self.clock.wall())} {job.name}: slot {_when(slot)} could not start: {e}")
                 continue
             self.running.append(Started(job.name, slot, shard, child))
@@ -212,17 +226,18 @@ class Scheduler:
                      f"exit status {_status(code)}")  # fmt: skip
         self.running = still
 
-    def serve(self, wake: threading.Event, stop: Callable[[], bool], until: float | None = None) -> None:
-        """Tick until ``stop()`` or ``until`` (wall time): sleeps on
-        ``wake`` until the next fire, at most MAX_WAIT; set ``wake`` to look
-        again at once (a child ended, a signal arrived)."""
+    def serve(
+        self, sleep: Callable[[float], None], stop: Callable[[], bool], until: float | None = None
+    ) -> None:
+        """Tick until ``stop()`` or ``until`` (wall time). Between ticks,
+        ``sleep(seconds)`` until the next fire, at most MAX_WAIT; it may
+        return early (a run ended, a signal arrived: see ``Wakeup``)."""
         while not stop():
             nxt = self.tick()
             if until is not None and self.clock.wall() >= until:
                 return
             horizon = nxt if until is None else min(nxt, until)
-            wake.wait(max(0.0, min(horizon - self.clock.wall(), MAX_WAIT)))
-            wake.clear()
+            sleep(max(0.0, min(horizon - self.clock.wall(), MAX_WAIT)))
 
     def wait_runs(self, timeout: float) -> None:
         """Wait up to ``timeout`` for the runs still going to end on their
@@ -257,19 +272,48 @@ class Scheduler:
 class RunLauncher:
     """Starts a scheduled run as ``cronwarden run --job NAME --slot T -- COMMAND``
     with the scheduler's config file and store, in the scheduler's process
-    group (a terminal's Ctrl-C reaches the runs too)."""
+    group (a terminal's Ctrl-C reaches the runs too). The store URL goes in
+    ``CRONWARDEN_STORE``, not on the command line, where every local user
+    could read its password in ``ps``."""
 
     store_url: str
     config_path: str | None
 
     def __call__(self, job: ScheduledJob, slot: float, shard: str | None) -> Child:
-        argv = [sys.executable, "-m", "cronwarden", "run", "--job", job.name, "--slot", repr(slot),
-                "--store", self.store_url]  # fmt: skip
+        argv = [sys.executable, "-m", "cronwarden", "run", "--job", job.name, "--slot", repr(slot)]
         if self.config_path:
             argv += ["--config", self.config_path]
         if shard:
             argv += ["--shard", shard]
-        return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL)
+        env = {**os.environ, "CRONWARDEN_STORE": self.store_url}
+        return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL, env=env)
+
+
+class Wakeup:
+    """Sleeps until a timeout or a signal, whichever is first. Signals are
+    noted by ``signal.set_wakeup_fd`` writing to a pipe the sleep selects on:
+    a handler that set a ``threading.Event`` could block forever on the
+    event's lock, held by the very wait it interrupted."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._previous = signal.set_wakeup_fd(self._write)
+
+    def sleep(self, seconds: float) -> None:
+        ready, _, _ = select.select([self._read], [], [], seconds)
+        if ready:
+            try:
+                while os.read(self._read, 512):
+                    pass
+            except BlockingIOError:
+                pass  # drained
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        os.close(self._read)
+        os.close(self._write)
 
 
 def _when(t: float) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 from typing import Any
 
 from cronwarden.errors import UsageError
@@ -61,7 +60,7 @@ def main(args: Any) -> int:
     from cronwarden.commands.run import resolve_command
     from cronwarden.config import find, load
     from cronwarden.errors import mask_password
-    from cronwarden.scheduler import RunLauncher, ScheduledJob, Scheduler
+    from cronwarden.scheduler import RunLauncher, ScheduledJob, Scheduler, Wakeup
     from cronwarden.stores import open_store
 
     path = find(args.config)
@@ -89,16 +88,26 @@ def main(args: Any) -> int:
 
     url = store_url(args, config.store)
     store = open_store(url)
-    wake = threading.Event()
+    try:
+        # One read now: a store that is unreachable (exit 75) or refuses us
+        # (exit 2) says so at start, not at the first fire, maybe a day away.
+        store.job(jobs[0].name)
+    except BaseException:
+        store.close()
+        raise
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping.append(signum)
-        wake.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # started under nohup: a closed terminal is not a stop
         signal.signal(sig, on_signal)
-    signal.signal(signal.SIGCHLD, lambda _s, _f: wake.set())  # a run ended: reap it now
+    # A run ended: wake up and reap it now. The handler does nothing; the
+    # wakeup fd (see Wakeup) is what ends the sleep.
+    signal.signal(signal.SIGCHLD, lambda _s, _f: None)
+    wakeup = Wakeup()
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -116,7 +125,7 @@ def main(args: Any) -> int:
     )
     until = None if args.for_ is None else sched.clock.wall() + args.for_
     try:
-        sched.serve(wake, lambda: bool(stopping), until)
+        sched.serve(wakeup.sleep, lambda: bool(stopping), until)
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "
                 f"{len(sched.running)} run(s) still going")  # fmt: skip
@@ -124,6 +133,7 @@ def main(args: Any) -> int:
         else:
             sched.wait_runs(args.stop_timeout)
     finally:
+        wakeup.close()
         store.close()
     say(f"cronwarden scheduler {sched.instance}: stopped; fired {sched.fired} slot(s)")
     return 0
