@@ -337,6 +337,8 @@ def _parse_value(key: str, raw: Any) -> Any:
         if not isinstance(raw, list) or not raw or not all(isinstance(a, str) for a in raw) or not raw[0]:
             raise UsageError("command must be a non-empty list of strings like "
                              f"[\"/opt/bin/job\", \"--full\"], got {raw!r}")  # fmt: skip
+        if any("\0" in a for a in raw):
+            raise UsageError(f"command arguments cannot hold a NUL character (\\u0000), got {raw!r}")
         return tuple(raw)
     raise AssertionError(key)
 

@@ -5,6 +5,7 @@ expressions, so ``--every`` costs nothing on the wrapper's hot path."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from itertools import pairwise
@@ -52,7 +53,7 @@ class Schedule:
         from datetime import UTC
 
         if not self.tz:
-            return UTC if self.cron is None else datetime.now().astimezone().tzinfo or UTC
+            return UTC if self.cron is None else _local_zone()
         try:
             from zoneinfo import ZoneInfo
 
@@ -73,13 +74,26 @@ class Schedule:
     def slot(self, now: float) -> float:
         """The latest fire time at or before ``now`` (epoch seconds)."""
         if self.every is not None:
-            return (now // self.every) * self.every
+            return self._index(now) * self.every
         start = datetime.fromtimestamp(now, self._zone()) + timedelta(seconds=1)
         return float(next(self._iter(start.replace(microsecond=0), reverse=True)).timestamp())
 
+    def _index(self, t: float) -> int:
+        """The largest n with ``n * every <= t``. Fire times are ``n * every``,
+        the same float on every host; the float division that finds n can be
+        one off either way (``every = 1.1``), so it is checked against them."""
+        assert self.every is not None
+        n = math.floor(t / self.every)
+        while (n + 1) * self.every <= t:
+            n += 1
+        while n * self.every > t:
+            n -= 1
+        return n
+
     def next_fire(self, after: float) -> float:
+        """The first fire time strictly after ``after``."""
         if self.every is not None:
-            return (after // self.every + 1) * self.every
+            return (self._index(after) + 1) * self.every
         start = datetime.fromtimestamp(after, self._zone())
         return float(next(self._iter(start)).timestamp())
 
@@ -95,3 +109,24 @@ class Schedule:
         for _ in range(24):
             fires.append(self.next_fire(fires[-1]))
         return min(b - a for a, b in pairwise(fires))
+
+
+def _local_zone() -> tzinfo:
+    """This host's time zone with its daylight-saving rules ($TZ, else
+    /etc/localtime), for a cron expression given without one: a fixed UTC
+    offset taken now would put every fire after the next change an hour
+    off, and two instances started on either side of it at different times."""
+    import os
+    from datetime import UTC
+    from zoneinfo import ZoneInfo
+
+    name = os.environ.get("TZ", "").removeprefix(":")
+    try:
+        if name and not name.startswith("/"):
+            return ZoneInfo(name)
+        with open(name or "/etc/localtime", "rb") as f:
+            return ZoneInfo.from_file(f, key="localtime")
+    except (OSError, ValueError):
+        # No zone database, or an unusual $TZ (a POSIX rule string): the
+        # fixed offset of now is the best there is.
+        return datetime.now().astimezone().tzinfo or UTC
