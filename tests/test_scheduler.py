@@ -200,6 +200,33 @@ def test_a_cron_without_a_time_zone_follows_the_hosts_daylight_saving(
     assert fires == ["10-24 00:00", "10-25 00:00", "10-26 01:00", "10-27 01:00"]
 
 
+def test_an_instance_started_in_the_repeated_hour_fires_the_slot_still_in_grace(sqlite_store: Store) -> None:
+    """Started at 01:00:30Z on 2026-10-25, the second 03:00 in Berlin: the
+    slot within the grace is 01:00Z, not the first pass's 00:00Z."""
+    start = datetime(2026, 10, 25, 1, 0, 30, tzinfo=UTC).timestamp()
+    clock = FakeClock(start=start)
+    job = ScheduledJob.from_settings(
+        JobSettings(name="half", schedule="*/30 * * * *", timezone="Europe/Berlin", command=("/bin/true",))
+    )
+    s, launches, _ = scheduler(sqlite_store, [job], clock, "a")
+    s.tick()
+    assert [datetime.fromtimestamp(slot, UTC).strftime("%H:%M") for _, slot, _ in launches.started] == [
+        "01:00"
+    ]
+
+
+@pytest.mark.parametrize("tz", ["UTC0", "CET-1CEST,M3.5.0,M10.5.0/3", "Nowhere/Zone", "Europe/Berlin "])
+def test_a_tz_that_is_no_zone_name_falls_back_to_the_current_offset(
+    monkeypatch: pytest.MonkeyPatch, tz: str
+) -> None:
+    """libc reads POSIX rules and forgives typos; zoneinfo does not. A cron
+    line must still run: the offset in force now, as before zone rules."""
+    monkeypatch.setenv("TZ", tz)
+    sched = Schedule.cron_("*/5 * * * *")
+    now = T0 + 123
+    assert sched.slot(now) <= now < sched.next_fire(sched.slot(now))
+
+
 def test_a_slot_later_than_the_grace_is_not_fired_and_is_said(sqlite_store: Store) -> None:
     clock = FakeClock(start=T0 + 30)
     s, launches, lines = scheduler(sqlite_store, [every("tick", 60)], clock, "a", misfire_grace=10)
@@ -266,7 +293,7 @@ def test_finished_runs_are_reaped_with_their_status_and_stop_signals_the_rest(sq
     s.tick()
     assert [r.job for r in s.running] == ["b"]
     assert any(line.endswith("a: slot 2027-01-15T08:00:00Z ended, exit status 3") for line in lines)
-    s.stop_runs(timeout=1.0)
+    s.stop_runs(1.0, sleep=lambda _: None, stop=lambda: 0)
     assert second.signals == [signal.SIGTERM] and s.running == []
     assert any("exit status signal 15" in line for line in lines)
 
@@ -448,12 +475,66 @@ def test_the_store_password_is_not_on_the_runs_command_line(store_url: str, tmp_
     any password is accepted.)"""
     url = store_url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
     assert "s3cret" in url
-    show = "import os; print(open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' '))"
+    show = (
+        "import os; print(open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' ')); "
+        "print('env:', sorted(k for k in os.environ if k.startswith('CRONWARDEN_')), "
+        "[v for v in os.environ.values() if 's3' + 'cret' in v])"
+    )
     config = _config(tmp_path, [sys.executable, "-c", show], every="1m")
     argv = [sys.executable, "-m", "cronwarden", "scheduler", "--config", str(config), "--store", url]
     done = subprocess.run([*argv, "--for", "1s"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     run_line = next(line for line in done.stdout.splitlines() if " run --job tick --slot " in line)
     assert "s3cret" not in run_line and "s3cret" not in done.stdout
+    # Nor in the command's environment (nor a store URL that would override
+    # the store of a cronwarden the command runs).
+    env_line = next(line for line in done.stdout.splitlines() if line.startswith("env:"))
+    assert "STORE" not in env_line and env_line.endswith("[]")
     with open_store(store_url) as store:
         assert [r.outcome for r in store.runs("tick")] == [Outcome.SUCCEEDED]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_a_store_that_refuses_writes_is_refused_at_start(store_url: str, tmp_path: Path) -> None:
+    """A replica, a read-only user: reads work, every claim would fail. Said
+    at start (exit 2, one line), not at the first fire."""
+    with open_store(store_url):
+        pass  # the schema exists; from here on the sessions are read-only
+    read_only = f"{store_url}&options=-c%20default_transaction_read_only%3Don"
+    path = tmp_path / "c.toml"
+    path.write_text('[jobs.x]\nevery = "1m"\ncommand = ["/bin/true"]\n')
+    argv = [sys.executable, "-m", "cronwarden", "scheduler", "--config", str(path), "--store", read_only]
+    done = subprocess.run([*argv, "--for", "1s"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and "read-only" in done.stderr and "CONTEXT" not in done.stderr
+
+
+def test_a_second_signal_kills_the_runs_at_once(tmp_path: Path) -> None:
+    """The first SIGTERM asks the runs to stop and waits; a run whose command
+    ignores SIGTERM would hold the scheduler for the run's kill grace. A
+    second SIGTERM SIGKILLs the runs and the scheduler ends."""
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    command = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write('up\\n'); time.sleep(120)"
+    )
+    config = _config(tmp_path, [sys.executable, "-c", command, str(fifo)], every="1m")
+    config.write_text(config.read_text().replace('ttl = "30s"', 'ttl = "120s"'))  # kill grace 10 s
+    proc = _scheduler(config, f"sqlite:///{tmp_path / 'cw.db'}", "--stop-timeout", "60s")
+    try:
+        assert proc.stdout is not None
+        with open(fifo) as started:
+            assert started.readline() == "up\n"
+        proc.send_signal(signal.SIGTERM)
+        for line in proc.stdout:
+            if "stopping 1 run(s) still going" in line:
+                break
+        second = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        took = time.monotonic() - second
+    finally:
+        kill_quietly(proc.pid)
+    assert proc.returncode == 0
+    assert took < 5.0, f"the runs were not killed at once: {took:.1f}s (their kill grace is 10 s)"

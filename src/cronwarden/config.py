@@ -33,6 +33,10 @@ from cronwarden.policy import Policy
 FILE_NAME = "cronwarden.toml"
 ENV_CONFIG = "CRONWARDEN_CONFIG"
 ENV_STORE = "CRONWARDEN_STORE"
+ENV_SCHEDULER_STORE = "CRONWARDEN_SCHEDULER_STORE"
+"""How ``cronwarden scheduler`` gives the runs it starts its store: not on
+their command line (``ps`` shows arguments to every local user), and taken
+out of the environment before the run's command gets it."""
 
 # Built-in defaults. They match ``guard.Options`` (ttl 60s, replace grace 10s,
 # max_pending 1); tests/test_config.py checks that they stay equal.

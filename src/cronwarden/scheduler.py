@@ -15,8 +15,8 @@ outlives its scheduler stays guarded.
 
 A slot is fired only within ``misfire_grace`` of its time. An instance that
 wakes later (the host was suspended or overloaded, the instance was down)
-does not start old work; it prints what it did not fire, and the monitor
-records those slots ``missed``. A slot still within the grace when an
+does not start old work: only the latest slot due may still run, and the
+earlier ones are printed as not started late. A slot still within the grace when an
 instance starts is fired (the claim tells whether another instance already
 did), so restarting the only instance loses no slot. Claims are kept
 ``keep`` (default a day): far longer than the grace plus any clock skew
@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
-from cronwarden.config import JobSettings
+from cronwarden.config import ENV_SCHEDULER_STORE, JobSettings
 from cronwarden.errors import StoreError, StoreUnavailable
 from cronwarden.schedule import Schedule
 from cronwarden.stores.base import Store
@@ -52,6 +52,9 @@ MAX_WAIT = 60.0
 resumed host) is noticed within this."""
 MISSED_LISTED = 3
 """Slots not started late that are named in the message; more are "and more"."""
+POLL = 0.1
+"""Seconds between looks at the runs while stopping (a signal or a run's
+end wakes the sleep sooner)."""
 MAX_WALK = 10_000
 """Fire times walked over one by one after a late tick; beyond, jumped."""
 
@@ -239,33 +242,34 @@ class Scheduler:
             horizon = nxt if until is None else min(nxt, until)
             sleep(max(0.0, min(horizon - self.clock.wall(), MAX_WAIT)))
 
-    def wait_runs(self, timeout: float) -> None:
+    def wait_runs(self, timeout: float, sleep: Callable[[float], None], stop: Callable[[], int]) -> None:
         """Wait up to ``timeout`` for the runs still going to end on their
-        own; stop those that did not (``stop_runs``, ``timeout`` again)."""
+        own, or until ``stop()`` counts a signal; then ``stop_runs``."""
         deadline = self.clock.monotonic() + timeout
-        for s in self.running:
-            try:
-                s.child.wait(max(0.0, deadline - self.clock.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-        self.stop_runs(timeout)
+        while self._still_going() and self.clock.monotonic() < deadline and not stop():
+            sleep(min(POLL, max(0.0, deadline - self.clock.monotonic())))
+        self.stop_runs(timeout, sleep, stop)
 
-    def stop_runs(self, timeout: float) -> None:
+    def stop_runs(self, timeout: float, sleep: Callable[[float], None], stop: Callable[[], int]) -> None:
         """Ask every running run to stop (SIGTERM: it stops its command and
-        records how it ended) and wait up to ``timeout`` for all of them;
-        SIGKILL whatever is left (its lease then expires and the next start
-        records it ``abandoned``)."""
+        records how it ended) and wait up to ``timeout`` for all of them, or
+        until ``stop()`` counts a second signal; SIGKILL whatever is left
+        (its lease then expires and the next start of the job records it
+        ``abandoned``)."""
         for s in self.running:
             if s.child.poll() is None:
                 s.child.send_signal(signal.SIGTERM)
         deadline = self.clock.monotonic() + timeout
+        while self._still_going() and self.clock.monotonic() < deadline and stop() < 2:
+            sleep(min(POLL, max(0.0, deadline - self.clock.monotonic())))
         for s in self.running:
-            try:
-                s.child.wait(max(0.0, deadline - self.clock.monotonic()))
-            except subprocess.TimeoutExpired:
+            if s.child.poll() is None:
                 s.child.kill()
                 s.child.wait()
         self.reap()
+
+    def _still_going(self) -> bool:
+        return any(s.child.poll() is None for s in self.running)
 
 
 @dataclass(frozen=True)
@@ -273,8 +277,9 @@ class RunLauncher:
     """Starts a scheduled run as ``cronwarden run --job NAME --slot T -- COMMAND``
     with the scheduler's config file and store, in the scheduler's process
     group (a terminal's Ctrl-C reaches the runs too). The store URL goes in
-    ``CRONWARDEN_STORE``, not on the command line, where every local user
-    could read its password in ``ps``."""
+    ``ENV_SCHEDULER_STORE``, not on the command line, where every local
+    user could read its password in ``ps``; ``run`` takes it out of the
+    environment its command gets."""
 
     store_url: str
     config_path: str | None
@@ -285,7 +290,7 @@ class RunLauncher:
             argv += ["--config", self.config_path]
         if shard:
             argv += ["--shard", shard]
-        env = {**os.environ, "CRONWARDEN_STORE": self.store_url}
+        env = {**os.environ, ENV_SCHEDULER_STORE: self.store_url}
         return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL, env=env)
 
 
@@ -293,7 +298,9 @@ class Wakeup:
     """Sleeps until a timeout or a signal, whichever is first. Signals are
     noted by ``signal.set_wakeup_fd`` writing to a pipe the sleep selects on:
     a handler that set a ``threading.Event`` could block forever on the
-    event's lock, held by the very wait it interrupted."""
+    event's lock, held by the very wait it interrupted. For the main thread
+    of a program that has no wakeup fd of its own (asyncio's would be
+    displaced while this is open): ``cronwarden scheduler``."""
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe()

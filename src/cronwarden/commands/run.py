@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.cli import STORE_FLAG, add_flags, duration
-from cronwarden.config import DEFAULT_TTL, JobSettings
+from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, JobSettings
 from cronwarden.durations import format_duration
 from cronwarden.errors import StoreUnavailable, UsageError
 from cronwarden.events import JobInfo, Outcome
@@ -191,7 +191,7 @@ FLAGS: dict[str, dict[str, Any]] = {
                          "help": "store unreachable: fail closed (default, exit 75) or run unguarded"},
     "--slot": {"type": _slot, "metavar": "EPOCH",
                "help": "the scheduled time this run is for, in epoch seconds (the scheduler passes "
-               "it; default: the schedule's latest fire time)"},
+               "it; default: the schedule's latest fire time, none without --every or --schedule)"},
     "--quiet": {"action": "store_true", "help": "no line on stderr for a skip"},
     "--store": STORE_FLAG,
 }  # fmt: skip
@@ -226,6 +226,10 @@ def main(args: Any) -> int:
     if not command:
         raise UsageError("run: no command after --; expected e.g. cronwarden run --job NAME -- ./job.sh")
 
+    # From the scheduler: its store, for this run only (never the command's).
+    scheduler_store = os.environ.pop(ENV_SCHEDULER_STORE, None)
+    if args.store is None:
+        args.store = scheduler_store
     config_path = find(args.config)
     config = load(config_path, job=args.job)
     settings = resolve(args.job, config, _flags(args))

@@ -19,9 +19,10 @@ several hosts: start the same config on each, with a store they share (postgresq
   redis://…). Each fire is claimed in the store by job and time: one instance runs it
   (G8), the others print who did. An instance that stops loses nothing but its own fires.
 
-stopping: SIGTERM or Ctrl-C stops firing, sends SIGTERM to the runs still going (each
-  stops its command and records how it ended) and waits up to --stop-timeout for them.
-  With --for, the runs still going are waited for instead.
+stopping: SIGTERM, Ctrl-C or SIGHUP (unless under nohup) stops firing, sends SIGTERM to
+  the runs still going (each stops its command and records how it ended) and waits up to
+  --stop-timeout for them, then SIGKILLs the rest; a second signal SIGKILLs them at once.
+  --for first waits up to --stop-timeout for the runs still going to end on their own.
 
 exit status: 0 stopped; 2 bad usage or configuration; 75 store unreachable at start.
 
@@ -40,8 +41,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH", help="config file (default: $CRONWARDEN_CONFIG or "
                    "./cronwarden.toml)")  # fmt: skip
     p.add_argument("--misfire-grace", type=duration("--misfire-grace"), default=60.0, metavar="DURATION",
-                   help="fire a slot at most this late (default 60s); later ones are left to the "
-                   "monitor as missed")  # fmt: skip
+                   help="fire a slot at most this late (default 60s); later ones are not started "
+                   "late")  # fmt: skip
     p.add_argument("--keep", type=duration("--keep"), default=86400.0, metavar="DURATION",
                    help="how long the store keeps a slot's claim (default 1d; must exceed the grace "
                    "plus the clock skew between hosts)")  # fmt: skip
@@ -88,13 +89,6 @@ def main(args: Any) -> int:
 
     url = store_url(args, config.store)
     store = open_store(url)
-    try:
-        # One read now: a store that is unreachable (exit 75) or refuses us
-        # (exit 2) says so at start, not at the first fire, maybe a day away.
-        store.job(jobs[0].name)
-    except BaseException:
-        store.close()
-        raise
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -115,6 +109,16 @@ def main(args: Any) -> int:
     kwargs: dict[str, Any] = {} if args.id is None else {"instance": args.id}
     sched = Scheduler(store, jobs, RunLauncher(url, path), misfire_grace=args.misfire_grace,
                       keep=args.keep, say=say, **kwargs)  # fmt: skip
+    try:
+        # A claim now, of a slot that is never a fire time: a store that is
+        # unreachable (exit 75), refuses us or refuses writes (a replica, a
+        # read-only user: exit 2) says so at start, not at the first fire,
+        # maybe a day away. Forgotten like any claim.
+        sched.store.claim_slot(jobs[0].name, -1.0, sched.owner, args.keep)
+    except BaseException:
+        wakeup.close()
+        store.close()
+        raise
     unscheduled = [j.name for j in config.jobs if not j.command]
     listed = ", ".join(f"{j.name} ({j.schedule.text})" for j in jobs)
     if unscheduled:
@@ -129,9 +133,9 @@ def main(args: Any) -> int:
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "
                 f"{len(sched.running)} run(s) still going")  # fmt: skip
-            sched.stop_runs(args.stop_timeout)
+            sched.stop_runs(args.stop_timeout, wakeup.sleep, lambda: len(stopping))
         else:
-            sched.wait_runs(args.stop_timeout)
+            sched.wait_runs(args.stop_timeout, wakeup.sleep, lambda: len(stopping))
     finally:
         wakeup.close()
         store.close()

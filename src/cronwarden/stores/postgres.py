@@ -1129,6 +1129,7 @@ def _one_line(e: BaseException) -> str:
     text = re.sub(r'connection to server at "[^"]*"(?: \([^)]*\))?, port \d+ failed: ', "", text)
     text = re.sub(r"\s*Is the server running on that host and accepting TCP/IP connections\?", "", text)
     text = text.replace("FATAL: ", "")
+    text = text.split(" CONTEXT: ", 1)[0]  # where in our SQL: the whole statement, noise in one line
     return text.strip() or type(e).__name__
 
 
