@@ -76,7 +76,14 @@ class Schedule:
         if self.every is not None:
             return self._index(now) * self.every
         start = datetime.fromtimestamp(now, self._zone()) + timedelta(seconds=1)
-        return float(next(self._iter(start.replace(microsecond=0), reverse=True)).timestamp())
+        t = float(next(self._iter(start.replace(microsecond=0), reverse=True)).timestamp())
+        # Looking back, a repeated hour (daylight saving ends) reads as its
+        # first pass: 01:10 of the second pass gives the first pass's 01:00,
+        # an hour too early. Fire times are made forward; walk forward to
+        # the latest (one step, and no more, on every other day).
+        while (nxt := self.next_fire(t)) <= now:
+            t = nxt
+        return t
 
     def _index(self, t: float) -> int:
         """The largest n with ``n * every <= t``. Fire times are ``n * every``,
@@ -126,7 +133,8 @@ def _local_zone() -> tzinfo:
             return ZoneInfo(name)
         with open(name or "/etc/localtime", "rb") as f:
             return ZoneInfo.from_file(f, key="localtime")
-    except (OSError, ValueError):
-        # No zone database, or an unusual $TZ (a POSIX rule string): the
-        # fixed offset of now is the best there is.
+    except Exception:  # ZoneInfoNotFoundError is a KeyError; a bad file, a ValueError
+        # No zone database, a $TZ that is a POSIX rule (UTC0, CET-1CEST,…)
+        # or a typo, which libc reads in its own way: the offset in force
+        # now is the best there is, as before zone rules were looked up.
         return datetime.now().astimezone().tzinfo or UTC
