@@ -5,6 +5,7 @@ expressions, so ``--every`` costs nothing on the wrapper's hot path."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
@@ -53,7 +54,9 @@ class Schedule:
         from datetime import UTC
 
         if not self.tz:
-            return UTC if self.cron is None else _local_zone()
+            import os
+
+            return UTC if self.cron is None else _local_zone(os.environ.get("TZ", ""))
         try:
             from zoneinfo import ZoneInfo
 
@@ -118,16 +121,18 @@ class Schedule:
         return min(b - a for a, b in pairwise(fires))
 
 
-def _local_zone() -> tzinfo:
-    """This host's time zone with its daylight-saving rules ($TZ, else
-    /etc/localtime), for a cron expression given without one: a fixed UTC
-    offset taken now would put every fire after the next change an hour
-    off, and two instances started on either side of it at different times."""
-    import os
+@functools.cache
+def _local_zone(tz: str) -> tzinfo:
+    """This host's time zone with its daylight-saving rules (``$TZ``, given
+    as ``tz``, else /etc/localtime), for a cron expression given without
+    one: a fixed UTC offset taken now would put every fire after the next
+    change an hour off, and two instances started on either side of it at
+    different times. Read once per ``$TZ``: the scheduler asks for every
+    fire time it walks over."""
     from datetime import UTC
     from zoneinfo import ZoneInfo
 
-    name = os.environ.get("TZ", "").removeprefix(":")
+    name = tz.removeprefix(":")
     try:
         if name and not name.startswith("/"):
             return ZoneInfo(name)

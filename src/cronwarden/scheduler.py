@@ -161,7 +161,7 @@ class Scheduler:
             self._fire(job, latest)
         else:
             late = f"{now - latest:.0f}s late, past the misfire grace {self.misfire_grace:g}s"
-            self.say(f"{_when(now)} {job.name}: slot {_when(latest)} not fired: {late}")
+            self._say(job.name, None, latest, f"not fired: {late}")
         self._next[job.name] = job.schedule.next_fire(latest)
 
     def _latest(self, job: ScheduledJob, first: float, now: float) -> tuple[list[float], float]:
@@ -199,22 +199,20 @@ class Scheduler:
             owner = self._claim(job, slot)
         except StoreError as e:
             # Fail closed, like a run: no claim, no run. The next slot tries again.
-            self.say(f"{_when(self.clock.wall())} {job.name}: slot {_when(slot)} not fired: {e}")
+            self._say(job.name, None, slot, f"not fired: {e}")
             return
         if owner != self.owner:
-            self.say(f"{_when(self.clock.wall())} {job.name}: slot {_when(slot)} fired by {owner}")
+            self._say(job.name, None, slot, f"fired by {owner}")
             return
         self.fired += 1
         for shard in job.settings.shards or (None,):
             try:
                 child = self.launch(job, slot, shard)
             except (OSError, ValueError, subprocess.SubprocessError) as e:
-                self.say(f"{_when(self.clock.wall())} {job.name}: slot {_when(slot)} could not start: {e}")
+                self._say(job.name, shard, slot, f"could not start: {e}")
                 continue
             self.running.append(Started(job.name, slot, shard, child))
-            on = f" shard {shard}" if shard else ""
-            now = _when(self.clock.wall())
-            self.say(f"{now} {job.name}{on}: slot {_when(slot)} started, pid {child.pid}")
+            self._say(job.name, shard, slot, f"started, pid {child.pid}")
 
     def reap(self) -> None:
         """Forget finished runs, saying how each ended."""
@@ -224,10 +222,12 @@ class Scheduler:
             if code is None:
                 still.append(s)
                 continue
-            on = f" shard {s.shard}" if s.shard else ""
-            self.say(f"{_when(self.clock.wall())} {s.job}{on}: slot {_when(s.slot)} ended, "
-                     f"exit status {_status(code)}")  # fmt: skip
+            self._say(s.job, s.shard, s.slot, f"ended, exit status {_status(code)}")
         self.running = still
+
+    def _say(self, job: str, shard: str | None, slot: float, what: str) -> None:
+        on = f" shard {shard}" if shard else ""
+        self.say(f"{_when(self.clock.wall())} {job}{on}: slot {_when(slot)} {what}")
 
     def serve(
         self, sleep: Callable[[float], None], stop: Callable[[], bool], until: float | None = None
@@ -245,9 +245,7 @@ class Scheduler:
     def wait_runs(self, timeout: float, sleep: Callable[[float], None], stop: Callable[[], int]) -> None:
         """Wait up to ``timeout`` for the runs still going to end on their
         own, or until ``stop()`` counts a signal; then ``stop_runs``."""
-        deadline = self.clock.monotonic() + timeout
-        while self._still_going() and self.clock.monotonic() < deadline and not stop():
-            sleep(min(POLL, max(0.0, deadline - self.clock.monotonic())))
+        self._wait(timeout, sleep, lambda: stop() >= 1)
         self.stop_runs(timeout, sleep, stop)
 
     def stop_runs(self, timeout: float, sleep: Callable[[float], None], stop: Callable[[], int]) -> None:
@@ -259,17 +257,21 @@ class Scheduler:
         for s in self.running:
             if s.child.poll() is None:
                 s.child.send_signal(signal.SIGTERM)
-        deadline = self.clock.monotonic() + timeout
-        while self._still_going() and self.clock.monotonic() < deadline and stop() < 2:
-            sleep(min(POLL, max(0.0, deadline - self.clock.monotonic())))
+        self._wait(timeout, sleep, lambda: stop() >= 2)
         for s in self.running:
             if s.child.poll() is None:
                 s.child.kill()
                 s.child.wait()
         self.reap()
 
-    def _still_going(self) -> bool:
-        return any(s.child.poll() is None for s in self.running)
+    def _wait(self, timeout: float, sleep: Callable[[float], None], hurry: Callable[[], bool]) -> None:
+        """Until no run is going, ``timeout`` has passed or ``hurry()``."""
+        deadline = self.clock.monotonic() + timeout
+        while any(s.child.poll() is None for s in self.running) and not hurry():
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                return
+            sleep(min(POLL, left))
 
 
 @dataclass(frozen=True)

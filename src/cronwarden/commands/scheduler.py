@@ -32,6 +32,7 @@ example:
 
 def configure(p: argparse.ArgumentParser) -> None:
     from cronwarden.cli import add_store_flag, duration
+    from cronwarden.scheduler import DEFAULT_KEEP, DEFAULT_MISFIRE_GRACE, DEFAULT_STOP_TIMEOUT
 
     p.description = (
         "Run the config file's jobs at their scheduled times: a small cron daemon whose every "
@@ -40,17 +41,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.add_argument("--config", metavar="PATH", help="config file (default: $CRONWARDEN_CONFIG or "
                    "./cronwarden.toml)")  # fmt: skip
-    p.add_argument("--misfire-grace", type=duration("--misfire-grace"), default=60.0, metavar="DURATION",
+    p.add_argument("--misfire-grace", type=duration("--misfire-grace"), default=DEFAULT_MISFIRE_GRACE,
+                   metavar="DURATION",
                    help="fire a slot at most this late (default 60s); later ones are not started "
                    "late")  # fmt: skip
-    p.add_argument("--keep", type=duration("--keep"), default=86400.0, metavar="DURATION",
+    p.add_argument("--keep", type=duration("--keep"), default=DEFAULT_KEEP, metavar="DURATION",
                    help="how long the store keeps a slot's claim (default 1d; must exceed the grace "
                    "plus the clock skew between hosts)")  # fmt: skip
     p.add_argument("--id", metavar="NAME", help="this instance's name in claims and messages "
                    "(default HOST:PID)")  # fmt: skip
     p.add_argument("--for", dest="for_", type=duration("--for"), metavar="DURATION",
                    help="stop after this long (default: until SIGTERM or Ctrl-C)")  # fmt: skip
-    p.add_argument("--stop-timeout", type=duration("--stop-timeout"), default=30.0, metavar="DURATION",
+    p.add_argument("--stop-timeout", type=duration("--stop-timeout"), default=DEFAULT_STOP_TIMEOUT,
+                   metavar="DURATION",
                    help="when stopping, wait this long for runs still going, then SIGKILL them "
                    "(default 30s)")  # fmt: skip
     add_store_flag(p)
@@ -109,26 +112,21 @@ def main(args: Any) -> int:
     kwargs: dict[str, Any] = {} if args.id is None else {"instance": args.id}
     sched = Scheduler(store, jobs, RunLauncher(url, path), misfire_grace=args.misfire_grace,
                       keep=args.keep, say=say, **kwargs)  # fmt: skip
+    unscheduled = [j.name for j in config.jobs if not j.command]
+    listed = ", ".join(f"{j.name} ({j.schedule.text})" for j in jobs)
+    if unscheduled:
+        listed += f"; without a command, not scheduled here: {', '.join(unscheduled)}"
     try:
         # A claim now, of a slot that is never a fire time: a store that is
         # unreachable (exit 75), refuses us or refuses writes (a replica, a
         # read-only user: exit 2) says so at start, not at the first fire,
         # maybe a day away. Forgotten like any claim.
-        sched.store.claim_slot(jobs[0].name, -1.0, sched.owner, args.keep)
-    except BaseException:
-        wakeup.close()
-        store.close()
-        raise
-    unscheduled = [j.name for j in config.jobs if not j.command]
-    listed = ", ".join(f"{j.name} ({j.schedule.text})" for j in jobs)
-    if unscheduled:
-        listed += f"; without a command, not scheduled here: {', '.join(unscheduled)}"
-    say(
-        f"cronwarden scheduler {sched.instance}: {len(jobs)} job(s) from {path} "
-        f"on {mask_password(url)}: {listed}"
-    )
-    until = None if args.for_ is None else sched.clock.wall() + args.for_
-    try:
+        store.claim_slot(jobs[0].name, -1.0, sched.owner, args.keep)
+        say(
+            f"cronwarden scheduler {sched.instance}: {len(jobs)} job(s) from {path} "
+            f"on {mask_password(url)}: {listed}"
+        )
+        until = None if args.for_ is None else sched.clock.wall() + args.for_
         sched.serve(wakeup.sleep, lambda: bool(stopping), until)
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "

@@ -1074,8 +1074,7 @@ class RedisStore(Store):
         key = f"{self.prefix}slot:{job}:{float(slot)!r}"
         # Rounded up: the claim is kept at least ``keep``.
         keep_ms = max(1, math.ceil(keep * 1000))
-        reply = self._eval(self._claim_slot, [key], [owner, str(keep_ms)])
-        return reply.decode() if isinstance(reply, bytes) else str(reply)
+        return str(self._eval(self._claim_slot, [key], [owner, str(keep_ms)]))
 
     # -- the read side ----------------------------------------------------
 

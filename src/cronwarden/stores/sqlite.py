@@ -311,10 +311,11 @@ class SqliteStore(Store):
         try:
             self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             self._prepare(synchronous, deadline=time.monotonic() + busy_timeout)
-        except (sqlite3.DatabaseError, StoreError) as e:
+        except StoreError:
             self._db.close()
-            if isinstance(e, StoreError):
-                raise
+            raise
+        except sqlite3.DatabaseError as e:
+            self._db.close()
             raise _store_error(self.path, e) from None
 
     def _prepare(self, synchronous: str, deadline: float) -> None:
