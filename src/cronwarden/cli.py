@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("cronwarden.commands.monitor", "one monitoring pass; exit 0 ok, 1 warning, 2 critical"),
     "monitor": ("cronwarden.commands.monitor", "evaluate in a loop: record findings, deliver the outbox"),
     "flush": ("cronwarden.commands.flush", "deliver the events the sinks have not acknowledged yet, now"),
+    "dashboard": ("cronwarden.commands.dashboard", "serve a read-only web dashboard, JSON API and /metrics"),
     "metrics": ("cronwarden.commands.monitor", "Prometheus text exposition of the ledger's job statistics"),
     "report": ("cronwarden.commands.monitor", "report start/success/fail of a job cronwarden cannot wrap"),
     "ack": ("cronwarden.commands.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),

@@ -164,8 +164,9 @@ def main(args: Any) -> int:
               "met it did no work\n   and said so in the ledger; nothing was written twice.")  # fmt: skip
         if args.keep:
             print(f"   Look again with:  cronwarden history reconcile --store {store_url}")
+            print(f"               or:  cronwarden dashboard --store {store_url}")
         else:
-            print("   (temporary files removed; --keep to look at them with cronwarden history)")
+            print("   (temporary files removed; --keep to look at them with cronwarden history or dashboard)")
         return 0 if not guarded_dup else 1
     finally:
         if not args.keep:

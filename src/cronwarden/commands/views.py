@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronwarden.durations import format_duration
 from cronwarden.events import EventKind, RunRecord
 from cronwarden.stores.base import EventQuery
+
+if TYPE_CHECKING:
+    from cronwarden.stores.base import Store
 
 
 def _when(t: float | None) -> str:
@@ -30,7 +33,31 @@ def _open(args: Any) -> Any:
     return open_store(store_url(args))
 
 
-def _state(run: RunRecord) -> str:
+REFUSALS = (EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL, EventKind.OVERLAP)
+"""The starts that met an open run, shown between a job's runs."""
+
+
+def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
+    """A job's last ``limit`` runs and the refused or overlapping starts
+    since the oldest of them, newest first, as ``history --json`` and the
+    dashboard show them."""
+    runs = store.runs(job, limit)
+    since = runs[-1].started_at if runs else None
+    refusals = store.events(EventQuery(job=job, kinds=REFUSALS, since=since, limit=10_000))
+    items: list[tuple[float, dict[str, Any]]] = []
+    for r in runs:
+        items.append((r.started_at, {
+            "type": "run", "run_id": r.run_id, "started_at": r.started_at, "host": r.host, "pid": r.pid,
+            "token": r.token, "outcome": r.outcome.value if r.outcome else "running",
+            "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
+        }))  # fmt: skip
+    for e in refusals:
+        items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
+    items.sort(key=lambda item: item[0], reverse=True)
+    return [i for _, i in items]
+
+
+def state(run: RunRecord) -> str:
     if run.expires_in is None:
         return "lease gone"
     if run.expires_in <= 0:
@@ -59,26 +86,34 @@ def configure_history(p: argparse.ArgumentParser) -> None:
     add_store_flag(p)
 
 
+def open_runs(store: Store, job: str | None = None) -> list[tuple[RunRecord, int]]:
+    """The runs open now, each with its lease's pending (queued) starts."""
+    out = []
+    for r in store.open_runs(job):
+        info = store.lease(r.key)
+        out.append((r, info.pending if info else 0))
+    return out
+
+
+def open_run_item(r: RunRecord, pending: int, now: float) -> dict[str, Any]:
+    """An open run as ``status --json`` and the dashboard's API show it."""
+    return {
+        "job": r.job, "run_id": r.run_id, "key": r.key, "host": r.host, "pid": r.pid,
+        "started_at": r.started_at, "age": round(now - r.started_at, 3), "token": r.token,
+        "lease_expires_in": None if r.expires_in is None else round(r.expires_in, 3),
+        "state": state(r).split(" ")[0], "pending": pending,
+    }  # fmt: skip
+
+
 def main_status(args: Any) -> int:
     store = _open(args)
     try:
-        runs = store.open_runs(args.job)
+        runs = open_runs(store, args.job)
         now = time.time()
-        pending: dict[str, int] = {}
-        for r in runs:
-            info = store.lease(r.key)
-            pending[r.run_id] = info.pending if info else 0
     finally:
         store.close()
     if args.json:
-        out = [
-            {"job": r.job, "run_id": r.run_id, "key": r.key, "host": r.host, "pid": r.pid,
-             "started_at": r.started_at, "age": round(now - r.started_at, 3), "token": r.token,
-             "lease_expires_in": None if r.expires_in is None else round(r.expires_in, 3),
-             "state": _state(r).split(" ")[0], "pending": pending[r.run_id]}
-            for r in runs
-        ]  # fmt: skip
-        print(json.dumps(out, indent=2))
+        print(json.dumps([open_run_item(r, pending, now) for r, pending in runs], indent=2))
         return 0
     if not runs:
         print("no open runs")
@@ -86,8 +121,8 @@ def main_status(args: Any) -> int:
     rows = [
         [r.job, r.run_id, r.host, str(r.pid), _when(r.started_at), format_duration(now - r.started_at),
          "-" if r.expires_in is None else format_duration(r.expires_in), str(r.token),
-         str(pending[r.run_id]), _state(r)]
-        for r in runs
+         str(pending), state(r)]
+        for r, pending in runs
     ]  # fmt: skip
     print(
         table(
@@ -108,30 +143,18 @@ def main_history(args: Any) -> int:
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
     store = _open(args)
     try:
-        runs = store.runs(args.job, args.limit)
-        since = runs[-1].started_at if runs else None
-        kinds = [EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL, EventKind.OVERLAP]
-        refusals = store.events(EventQuery(job=args.job, kinds=kinds, since=since, limit=10_000))
+        items = history_items(store, args.job, args.limit)
     finally:
         store.close()
-    items: list[tuple[float, dict[str, Any]]] = []
-    for r in runs:
-        items.append((r.started_at, {
-            "type": "run", "run_id": r.run_id, "started_at": r.started_at, "host": r.host, "pid": r.pid,
-            "token": r.token, "outcome": r.outcome.value if r.outcome else "running",
-            "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
-        }))  # fmt: skip
-    for e in refusals:
-        items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
-    items.sort(key=lambda item: item[0], reverse=True)
     if args.json:
-        print(json.dumps([i for _, i in items], indent=2))
+        print(json.dumps(items, indent=2))
         return 0
     if not items:
         print(f"no runs recorded for {args.job}")
         return 0
     rows = []
-    for at, i in items:
+    for i in items:
+        at = i["started_at"] if i["type"] == "run" else i["at"]
         if i["type"] == "run":
             dur = "-" if i["duration"] is None else format_duration(i["duration"])
             note = i["detail"] or ("" if i["exit_code"] in (None, 0) else f"exit {i['exit_code']}")

@@ -1,0 +1,90 @@
+"""``cronwarden dashboard``: the read-only web dashboard, JSON API and
+``/metrics`` of ``cronwarden.web``, served until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.errors import UsageError
+
+EPILOG = """pages:
+  /                every job's verdict, the findings that hold now, the open runs, the latest trouble
+  /jobs/NAME       one job: statistics, durations against the period, runs and refused starts
+  /api/jobs        JSON; also /api/jobs/NAME, /api/runs, /api/events?job=&kind=&run_id=&since=&limit=
+  /metrics         Prometheus exposition (needs pip install 'cronwarden[metrics]')
+  /healthz         200 while the store answers, 503 when it does not
+
+examples:
+  cronwarden dashboard                                   # http://127.0.0.1:8370/ on the default store
+  cronwarden dashboard --store postgresql://cw@db/cron --listen 0.0.0.0:8370 --config cronwarden.toml
+
+It only reads the ledger: no finding is recorded and no run is marked abandoned (cronwarden monitor
+does that). It has no login: listen on loopback (the default) or behind a proxy that asks for one."""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from cronwarden.commands.monitor import _add_window_flags
+
+    p.description = (
+        "Serve a read-only web dashboard of the ledger: verdicts, findings, open runs, each job's "
+        "durations against its period, with the same data as JSON and Prometheus /metrics."
+    )
+    p.epilog = EPILOG
+    p.add_argument("--listen", type=_address, default="127.0.0.1:8370", metavar="HOST:PORT",
+                   help="address to serve on (default 127.0.0.1:8370; port 0 picks a free one)")  # fmt: skip
+    p.add_argument("--refresh", type=_refresh, default=30.0, metavar="DURATION",
+                   help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+    _add_window_flags(p)
+
+
+def _refresh(text: str) -> float:
+    from cronwarden.durations import parse_duration
+
+    try:
+        return parse_duration(text, what="--refresh")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT such as 127.0.0.1:8370, got {text!r}")
+    return host, int(port)
+
+
+def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
+    from cronwarden.commands.monitor import _monitor, _store
+    from cronwarden.web import Dashboard, serve
+
+    store = _store(args, clock)
+    try:
+        store.jobs()  # unreachable or not a store: say so now (exit 75 or 2), not on the first page
+        dashboard = Dashboard(_monitor(args, store, clock), refresh=args.refresh)
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt  # serve_forever's loop unwinds; the finally below closes the store
+
+        signal.signal(signal.SIGTERM, stop)
+        host, port = args.listen
+
+        def ready(url: str) -> None:
+            print(f"cronwarden dashboard: {url} (Ctrl-C to stop)", flush=True)
+
+        def log(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+        try:
+            serve(dashboard, host, port, ready=ready, log=None if args.quiet else log)
+        except KeyboardInterrupt:
+            return 0
+    finally:
+        store.close()
+    raise UsageError("the dashboard stopped serving")  # pragma: no cover - serve returns only by an exception

@@ -1,0 +1,331 @@
+"""The dashboard (``cronwarden.web``, ``cronwarden dashboard``) on every
+store: what each page and API answer shows of a scripted ledger, that it
+only reads, that bad requests and an unreachable store get a clear answer,
+and the real server process."""
+
+from __future__ import annotations
+
+import json
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cronwarden import cli
+from cronwarden.clock import Clock, FakeClock
+from cronwarden.commands.monitor import strict_failures
+from cronwarden.events import EventKind, Outcome, new_id
+from cronwarden.monitor import Monitor, Thresholds
+from cronwarden.stores import open_store
+from cronwarden.stores.base import End, EventQuery, Store
+from cronwarden.web import Dashboard
+from monitor_history import PERIOD, aligned, begin, describe, lease_of, run
+
+CREEPING, STEADY = "creeping", "steady"
+
+
+@pytest.fixture
+def mclock(clock: Clock) -> FakeClock:
+    from monitor_history import history_clock
+
+    return history_clock(clock)
+
+
+@pytest.fixture
+def ledger(store: Store, mclock: FakeClock) -> dict[str, Any]:
+    """Two jobs over the last day: ``creeping`` runs 4 minutes, then longer
+    each time, up to 9 of its 10 (at risk, a slow finding holds); its last
+    start was refused by an open run. ``steady`` runs a minute, and one of its
+    runs is open now."""
+    t0 = aligned(mclock.wall() - 86400)
+    describe(store, CREEPING, at=t0, reason="the export must not run twice")
+    describe(store, STEADY, at=t0)
+    durations = [240.0 + 30 * i for i in range(11)]
+    t = t0
+    for d in durations:
+        run(store, CREEPING, t, d)
+        t += PERIOD
+    held = lease_of(begin(store, CREEPING, t))
+    refused = new_id()
+    begin(store, CREEPING, t + 5, run_id=refused)
+    for i in range(5):
+        run(store, STEADY, t0 + i * PERIOD, 60.0)
+    failed = lease_of(begin(store, STEADY, t0 + 5 * PERIOD))
+    store.finish(
+        failed,
+        End(outcome=Outcome.FAILED, at=t0 + 5 * PERIOD + 3, exit_code=1, detail="<script>alert(1)</script>"),
+    )
+    open_run = lease_of(begin(store, STEADY, t + 10))
+    mclock.advance(t + 20 - mclock.wall())
+    return {"durations": durations, "held": held, "refused": refused, "open": open_run}
+
+
+@pytest.fixture
+def dashboard(store: Store, mclock: FakeClock) -> Dashboard:
+    return Dashboard(Monitor(store, clock=mclock, thresholds=Thresholds(runs=20)), refresh=15)
+
+
+def page(dashboard: Dashboard, target: str, status: int = 200) -> str:
+    response = dashboard.handle("GET", target)
+    assert response.status == status, response.body[:500]
+    return response.body.decode()
+
+
+def api(dashboard: Dashboard, target: str, status: int = 200) -> Any:
+    response = dashboard.handle("GET", target)
+    assert response.status == status, response.body[:500]
+    assert response.content_type == "application/json"
+    return json.loads(response.body)
+
+
+def row_of(html_text: str, needle: str) -> str:
+    rows = [r for r in re.findall(r"<tr>(.*?)</tr>", html_text) if needle in r]
+    assert rows, f"no table row with {needle!r}"
+    return rows[0]
+
+
+def test_front_page_shows_verdicts_findings_open_runs_and_trouble(
+    dashboard: Dashboard, ledger: dict[str, Any]
+) -> None:
+    text = page(dashboard, "/")
+    creeping = row_of(text, f'href="/jobs/{CREEPING}"')
+    assert 'class="badge at-risk">at risk<' in creeping
+    assert 'class="badge ok">ok<' in row_of(text, f'href="/jobs/{STEADY}"')
+    finding = row_of(text, ">slow<")
+    assert 'class="badge warning">warning<' in finding and "88% of the 10m period" in finding
+    assert ledger["open"].run_id in row_of(text, ledger["open"].run_id)
+    assert f"held by {ledger['held'].run_id}" in row_of(text, ledger["refused"])
+    assert '<meta http-equiv="refresh" content="15">' in text
+
+
+def test_pages_only_read_no_finding_is_recorded(
+    dashboard: Dashboard, ledger: dict[str, Any], store: Store
+) -> None:
+    findings = [EventKind.SLOW, EventKind.SKIPS_IN_A_ROW, EventKind.STUCK, EventKind.OVERLAP]
+    before = store.events(EventQuery(kinds=findings, limit=1000))
+    for target in ("/", f"/jobs/{CREEPING}", "/api/jobs", f"/api/jobs/{CREEPING}", "/metrics"):
+        dashboard.handle("GET", target)
+    assert store.events(EventQuery(kinds=findings, limit=1000)) == before
+    # ...while the same pass, recording, would have raised the slow finding.
+    assert any(c.rule is EventKind.SLOW for c in dashboard.monitor.evaluate(record=False).active)
+
+
+def test_api_jobs_is_the_audit_of_the_same_monitor(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
+    got = api(dashboard, "/api/jobs")
+    t = dashboard.monitor.thresholds
+    expected = [{**s.as_dict(t), "strict": strict_failures(s, t)} for s in dashboard.monitor.audit()]
+    assert got["jobs"] == expected
+    assert {(f["rule"], f["job"]) for f in got["findings"]} >= {("slow", CREEPING)}
+
+
+def test_job_page_charts_each_runs_duration_against_the_period(
+    dashboard: Dashboard, ledger: dict[str, Any]
+) -> None:
+    text = page(dashboard, f"/jobs/{CREEPING}")
+    svg = text[text.index("<svg") : text.index("</svg>")]
+    bars = [float(h) for h in re.findall(r'<rect [^>]*height="([\d.]+)"', svg)]
+    # The 11 finished runs oldest first, then the open one (its age so far: 20 s).
+    assert len(bars) == len(ledger["durations"]) + 1
+    finished = bars[:-1]
+    assert finished == sorted(finished) and finished[0] < finished[-1]
+    ratios = [b / d for b, d in zip(finished, ledger["durations"], strict=True)]
+    assert max(ratios) == pytest.approx(min(ratios), rel=0.01)  # heights proportional to durations
+    period_y = float(re.search(r'<line [^>]*y1="([\d.]+)"[^>]*stroke="#333"', svg).group(1))  # type: ignore[union-attr]
+    tallest_top = min(float(y) for y in re.findall(r'<rect [^>]*y="([\d.]+)"', svg))
+    assert tallest_top > period_y  # 9 minutes stays under the 10-minute line
+    assert 'class="badge at-risk">at risk<' in text
+    assert "the export must not run twice" in text
+    assert ledger["refused"] in text  # the refused start, between the runs
+
+
+def test_api_job_history_matches_cronwarden_history_json(
+    dashboard: Dashboard, ledger: dict[str, Any], store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    got = api(dashboard, f"/api/jobs/{CREEPING}?limit=5")
+    assert cli.main(["history", CREEPING, "--limit", "5", "--json", "--store", store_url]) == 0
+    assert got["history"] == json.loads(capsys.readouterr().out)
+    assert got["job"]["verdict"] == "at risk"
+
+
+def test_api_runs_lists_the_open_runs(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
+    got = api(dashboard, "/api/runs")
+    assert {r["run_id"] for r in got} == {ledger["held"].run_id, ledger["open"].run_id}
+    assert [r["run_id"] for r in api(dashboard, f"/api/runs?job={STEADY}")] == [ledger["open"].run_id]
+
+
+def test_api_events_filters_by_kind_job_and_limit(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
+    skipped = api(dashboard, "/api/events?kind=skipped")
+    assert [e["run_id"] for e in skipped] == [ledger["refused"]]
+    assert skipped[0]["data"]["holder_run_id"] == ledger["held"].run_id
+    two = api(dashboard, f"/api/events?job={STEADY}&kind=started,failed&limit=2")
+    assert len(two) == 2 and {e["job"] for e in two} == {STEADY}
+    assert {e["kind"] for e in two} <= {"started", "failed"}
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        ("/api/events?kind=nope", "kind='nope' is no event kind"),
+        ("/api/events?limit=0", "limit='0': expected a whole number from 1 to 1000"),
+        ("/api/events?limit=ten", "expected a whole number"),
+        ("/api/events?since=yesterday", "since='yesterday' is not a time"),
+        ("/api/events?since=nan", "is not a time"),
+        ("/api/events?job=a&job=b", "job given 2 times"),
+        ("/api/jobs/creeping?limit=100000", "from 1 to 1000"),
+    ],
+)
+def test_bad_api_parameters_are_400_with_what_was_expected(
+    dashboard: Dashboard, ledger: dict[str, Any], target: str, says: str
+) -> None:
+    assert says in api(dashboard, target, 400)["error"]
+
+
+def test_unknown_pages_and_jobs_are_404_and_writes_405(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
+    assert "no job named 'nobody'" in api(dashboard, "/api/jobs/nobody", 404)["error"]
+    assert "no job named" in page(dashboard, "/jobs/nobody", 404)
+    assert "no page at /admin" in page(dashboard, "/admin", 404)
+    response = dashboard.handle("POST", "/api/jobs")
+    assert response.status == 405 and response.headers["Allow"] == "GET, HEAD"
+
+
+def test_everything_read_from_the_ledger_is_escaped(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
+    for target in ("/", f"/jobs/{STEADY}"):
+        text = page(dashboard, target)
+        assert "<script>" not in text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+
+
+def test_metrics_is_the_prometheus_exposition(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
+    pytest.importorskip("prometheus_client")
+    response = dashboard.handle("GET", "/metrics")
+    assert response.status == 200 and response.content_type.startswith("text/plain; version=0.0.4")
+    assert f'cronwarden_job_skips{{job="{CREEPING}"}} 1.0' in response.body.decode()
+
+
+def test_an_unreachable_store_is_a_503_page_and_the_next_request_is_answered(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    url = f"redis://127.0.0.1:{free_port()}/0?connect_timeout=0.5s"
+    store = open_store(url)
+    try:
+        dashboard = Dashboard(Monitor(store))
+        for _ in range(2):
+            assert dashboard.handle("GET", "/healthz").status == 503
+            response = dashboard.handle("GET", "/api/jobs")
+            assert response.status == 503
+            assert json.loads(response.body)["error"].startswith("the store cannot be read now:")
+        assert "the store cannot be read now" in dashboard.handle("GET", "/").body.decode()
+    finally:
+        store.close()
+
+
+# -- the command ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
+    db = tmp_path / "cw.db"
+    store = f"sqlite:///{db}"
+    cmd = [sys.executable, "-m", "cronwarden"]
+    subprocess.run(
+        [*cmd, "run", "--store", store, "--job", "nightly", "--every", "1d", "--", "true"], check=True
+    )
+    proc = subprocess.Popen(
+        [*cmd, "dashboard", "--store", store, "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        assert sel.select(timeout=20), "the dashboard printed no address within 20 s"
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert found, line
+        yield proc, found.group(0), store
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_the_server_answers_over_http_and_stops_on_sigterm(
+    served: tuple[subprocess.Popen[str], str, str],
+) -> None:
+    proc, url, _ = served
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.status == 200 and "nightly" in r.read().decode()
+    with urllib.request.urlopen(url + "api/jobs", timeout=10) as r:
+        assert [j["job"] for j in json.load(r)["jobs"]] == ["nightly"]
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(url + "api/events?limit=0", timeout=10)
+    assert caught.value.code == 400
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    log = proc.stderr.read()  # type: ignore[union-attr]
+    assert "GET / 200" in log and "GET /api/events?limit=0 400" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--listen", "8370"], "expected HOST:PORT such as 127.0.0.1:8370, got '8370'"),
+        (["--listen", "127.0.0.1:99999"], "expected HOST:PORT"),
+        (["--refresh", "soon"], "--refresh must be a duration"),
+        (["--runs", "0"], "--runs"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["dashboard", "--store", f"sqlite:///{tmp_path / 'cw.db'}", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_address_in_use_is_exit_2_and_the_store_is_closed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = cli.main(
+            ["dashboard", "--store", f"sqlite:///{tmp_path / 'cw.db'}", "--listen", f"127.0.0.1:{port}"]
+        )
+    assert code == 2
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
+
+
+def test_an_unreachable_store_at_start_is_exit_75(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("redis")
+    url = f"redis://127.0.0.1:{free_port()}/0?connect_timeout=0.5s"
+    assert cli.main(["dashboard", "--store", url, "--listen", "127.0.0.1:0"]) == 75
+    err = capsys.readouterr().err
+    assert err.startswith("cronwarden: ") and len(err.strip().splitlines()) == 1
+
+
+def test_help_names_every_page(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["dashboard", "--help"])
+    out = capsys.readouterr().out
+    for path in ("/jobs/NAME", "/api/jobs", "/api/events", "/metrics", "/healthz"):
+        assert path in out
