@@ -13,7 +13,7 @@ import pytest
 
 from cronwarden.events import Event, EventKind, Outcome, new_id
 from cronwarden.stores import open_store
-from cronwarden.stores.base import Store
+from cronwarden.stores.base import EventQuery, Store
 
 from . import end, granted, ledger, refused, start
 
@@ -102,6 +102,21 @@ def test_acknowledging_twice_or_unknown_ids_changes_nothing(outbox: Store) -> No
     outbox.mark_delivered(SINK, [])
 
     assert ids(outbox.undelivered(SINK, 100)) == [second.event_id]
+
+
+def test_recording_an_event_id_again_changes_nothing(outbox: Store) -> None:
+    """A ``record`` retried after its reply was lost: one event in the
+    ledger and in the outbox, and no error (the first call did commit)."""
+    registered(outbox)
+    first = record(outbox)
+    retried = first._replace(data={"different": "payload"})
+    outbox.record(retried)
+    outbox.record(first)
+
+    stored = outbox.events(EventQuery(job=first.job, limit=100))
+    assert ids(stored) == [first.event_id]
+    assert stored[0].data == first.data
+    assert ids(outbox.undelivered(SINK, 100)) == [first.event_id]
 
 
 def test_acknowledging_a_later_event_first_keeps_the_earlier_ones(outbox: Store) -> None:

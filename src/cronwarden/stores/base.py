@@ -44,7 +44,11 @@ script) and, on the network backends, one round trip:
     Returns ``Finished``.
 
 ``record(event)``
-    Append an event to the ledger.
+    Append an event to the ledger, once per ``event_id``: recording an id
+    the ledger already holds changes nothing and is no error, so a call
+    retried after its reply was lost cannot write the event twice (G9: the
+    sinks deduplicate by the same id). On Redis a repeat is recognised for
+    ``RECORDED_IDS_KEPT`` seconds (a day), the time a retry could take.
 
 The bare lock: a fenced lease with no ledger, one round trip per call, for
 what must not write a run per renewal (the scheduler's leader lease) and

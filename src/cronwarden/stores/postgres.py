@@ -1070,7 +1070,7 @@ class _Statements:
         self.claim_slot = f"SELECT {s}.claim_slot(%s::text, %s::float8, %s::text, %s::float8)"
         self.record = (
             f"INSERT INTO {s}.events (event_id, kind, job, run_id, at, data) "
-            "VALUES (%s, %s, %s, %s, %s::float8, %s::jsonb)"
+            "VALUES (%s, %s, %s, %s, %s::float8, %s::jsonb) ON CONFLICT (event_id) DO NOTHING"
         )
         self.lease = (
             "SELECT owner, token, extract(epoch FROM expires - clock_timestamp())::float8, pending, "

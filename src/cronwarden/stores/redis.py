@@ -98,6 +98,9 @@ from cronwarden.stores.base import (
 DEFAULT_PREFIX = "cronwarden:"
 DEFAULT_RUNS_PER_JOB = 1000
 DEFAULT_EVENTS_PER_JOB = 10_000
+RECORDED_IDS_KEPT = 86_400
+"""Seconds ``record`` remembers an event id, so that a retried call is a
+no-op (the contract): a day, far longer than any retry takes."""
 DEFAULT_TIMEOUT = 3.0
 """Socket and connect timeout: long enough for a loaded server, short enough
 that no call hangs and the heartbeat thread gets control back."""
@@ -460,13 +463,19 @@ return {'ok'}
 _RECORD = (
     _COMMON
     + r"""
--- KEYS: 1 job index, 2 event records, 3 run id index, 4 jobs -> events written, 5 finished runs
--- ARGV[1] packed: 1 event id, 2 kind, 3 job, 4 run id, 5 has run id, 6 at, 7 athex. ARGV[2]: data
+-- KEYS: 1 job index, 2 event records, 3 run id index, 4 jobs -> events written, 5 finished runs,
+--       6 the event id's mark (recorded ids are remembered, so that a retried record is a no-op)
+-- ARGV[1] packed: 1 event id, 2 kind, 3 job, 4 run id, 5 has run id, 6 at, 7 athex. ARGV[2]: data,
+-- ARGV[3]: how long the mark is kept, ms
+if redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
 local a = split(ARGV[1])
 local run_id = false
 if a[5] == '1' then run_id = a[4] end
 add_event(KEYS[1], a[1], a[2], a[3], run_id, a[6], a[7], ARGV[2])
 flush(KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+-- Last: a script that fails half-way keeps its writes, and a mark without
+-- its event would turn the retry into a loss.
+redis.call('SET', KEYS[6], '1', 'PX', ARGV[3])
 return 1
 """
 )
@@ -1065,8 +1074,9 @@ class RedisStore(Store):
             _ordhex(at),
         )
         data = json.dumps(dict(event.data), separators=(",", ":"), default=str)
-        keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs]
-        self._eval(self._record, keys, [packed, data])
+        keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs,
+                f"{self.prefix}eid:{event.event_id}"]  # fmt: skip
+        self._eval(self._record, keys, [packed, data, str(RECORDED_IDS_KEPT * 1000)])
 
     # -- the scheduler's slot claim ---------------------------------------
 

@@ -868,7 +868,11 @@ class SqliteStore(Store):
 
 _SELECT_JOBS = "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at FROM jobs"
 """Columns in JobInfo field order."""
-_INSERT_EVENT = "INSERT INTO events (event_id, kind, job, run_id, at, data) VALUES (?, ?, ?, ?, ?, ?)"
+_INSERT_EVENT = (
+    "INSERT INTO events (event_id, kind, job, run_id, at, data) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (event_id) DO NOTHING"
+)
+"""Once per event id (``record``'s contract)."""
 
 _GRANT_FREE = (
     "INSERT INTO leases (key, job, owner, token, expires, boot_id) VALUES (?1, ?2, ?3, 1, ?4, ?5) "
