@@ -5,6 +5,7 @@ and the real server process."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import selectors
@@ -17,18 +18,22 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
+from conftest import Lapse
 from cronwarden import cli
 from cronwarden.clock import Clock, FakeClock
-from cronwarden.commands.monitor import strict_failures
+from cronwarden.commands.monitor import audit_item
+from cronwarden.errors import UsageError
 from cronwarden.events import EventKind, Outcome, new_id
 from cronwarden.monitor import Monitor, Thresholds
 from cronwarden.stores import open_store
-from cronwarden.stores.base import End, EventQuery, Store
+from cronwarden.stores.base import End, EventQuery, Start, Store
 from cronwarden.web import Dashboard
 from monitor_history import PERIOD, aligned, begin, describe, lease_of, run
+from redisserver import RedisServer, free_port
 
 CREEPING, STEADY = "creeping", "steady"
 
@@ -102,27 +107,37 @@ def test_front_page_shows_verdicts_findings_open_runs_and_trouble(
     assert 'class="badge ok">ok<' in row_of(text, f'href="/jobs/{STEADY}"')
     finding = row_of(text, ">slow<")
     assert 'class="badge warning">warning<' in finding and "88% of the 10m period" in finding
-    assert ledger["open"].run_id in row_of(text, ledger["open"].run_id)
+    open_runs = text[text.index("<h2>Open runs</h2>") : text.index("<h2>Latest trouble</h2>")]
+    row = row_of(open_runs, ledger["open"].run_id)
+    assert f'href="/jobs/{STEADY}"' in row and "<td>running</td>" in row
     assert f"held by {ledger['held'].run_id}" in row_of(text, ledger["refused"])
     assert '<meta http-equiv="refresh" content="15">' in text
 
 
-def test_pages_only_read_no_finding_is_recorded(
-    dashboard: Dashboard, ledger: dict[str, Any], store: Store
+def test_pages_only_read_no_finding_recorded_no_run_abandoned(
+    dashboard: Dashboard, ledger: dict[str, Any], store: Store, mclock: FakeClock, lapse: Lapse
 ) -> None:
-    findings = [EventKind.SLOW, EventKind.SKIPS_IN_A_ROW, EventKind.STUCK, EventKind.OVERLAP]
-    before = store.events(EventQuery(kinds=findings, limit=1000))
-    for target in ("/", f"/jobs/{CREEPING}", "/api/jobs", f"/api/jobs/{CREEPING}", "/metrics"):
+    dying = lease_of(begin(store, "dying", mclock.wall(), ttl=lapse.ttl))
+    lapse.expire(store, dying)
+    watched = [EventKind.SLOW, EventKind.STUCK, EventKind.ABANDONED]
+    before = store.events(EventQuery(kinds=watched, limit=1000))
+    for target in ("/", f"/jobs/{CREEPING}", "/jobs/dying", "/api/jobs", f"/api/jobs/{CREEPING}", "/metrics"):
         dashboard.handle("GET", target)
-    assert store.events(EventQuery(kinds=findings, limit=1000)) == before
-    # ...while the same pass, recording, would have raised the slow finding.
-    assert any(c.rule is EventKind.SLOW for c in dashboard.monitor.evaluate(record=False).active)
+    assert store.events(EventQuery(kinds=watched, limit=1000)) == before
+    assert store.run(dying.run_id).outcome is None  # type: ignore[union-attr]
+    # The positive control: the monitor's own pass, recording, does both.
+    dashboard.monitor.evaluate(record=True)
+    assert {e.kind for e in store.events(EventQuery(kinds=watched, limit=1000))} >= {
+        EventKind.SLOW,
+        EventKind.ABANDONED,
+    }
+    assert store.run(dying.run_id).outcome is Outcome.ABANDONED  # type: ignore[union-attr]
 
 
 def test_api_jobs_is_the_audit_of_the_same_monitor(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
     got = api(dashboard, "/api/jobs")
     t = dashboard.monitor.thresholds
-    expected = [{**s.as_dict(t), "strict": strict_failures(s, t)} for s in dashboard.monitor.audit()]
+    expected = [audit_item(s, t) for s in dashboard.monitor.audit()]
     assert got["jobs"] == expected
     assert {(f["rule"], f["job"]) for f in got["findings"]} >= {("slow", CREEPING)}
 
@@ -197,11 +212,27 @@ def test_unknown_pages_and_jobs_are_404_and_writes_405(dashboard: Dashboard, led
     assert response.status == 405 and response.headers["Allow"] == "GET, HEAD"
 
 
-def test_everything_read_from_the_ledger_is_escaped(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
-    for target in ("/", f"/jobs/{STEADY}"):
+def test_everything_read_from_the_ledger_is_escaped(
+    dashboard: Dashboard, ledger: dict[str, Any], store: Store, mclock: FakeClock
+) -> None:
+    describe(store, "hostile", at=mclock.wall(), reason="<i>why</i>")
+    start = Start(job="hostile", key="hostile", run_id="<u>run</u>", host="<b>host</b>", pid=1, ttl=3600,
+                  at=mclock.wall())  # fmt: skip
+    broke = End(outcome=Outcome.FAILED, at=mclock.wall() + 1, exit_code=3, detail="<s>broke</s>")
+    store.finish(lease_of(store.acquire(start)), broke)
+    for target in ("/", f"/jobs/{STEADY}", "/jobs/hostile"):
         text = page(dashboard, target)
-        assert "<script>" not in text
-        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+        for tag in ("script", "i", "u", "b", "s"):
+            assert f"<{tag}>" not in text, (target, tag)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page(dashboard, f"/jobs/{STEADY}")
+    hostile = page(dashboard, "/jobs/hostile")
+    for shown in (
+        "&lt;i&gt;why&lt;/i&gt;",
+        "&lt;u&gt;run&lt;/u&gt;",
+        "&lt;b&gt;host&lt;/b&gt;",
+        "&lt;s&gt;broke",
+    ):
+        assert shown in hostile
 
 
 def test_metrics_is_the_prometheus_exposition(dashboard: Dashboard, ledger: dict[str, Any]) -> None:
@@ -211,29 +242,40 @@ def test_metrics_is_the_prometheus_exposition(dashboard: Dashboard, ledger: dict
     assert f'cronwarden_job_skips{{job="{CREEPING}"}} 1.0' in response.body.decode()
 
 
-def test_an_unreachable_store_is_a_503_page_and_the_next_request_is_answered(tmp_path: Path) -> None:
+def test_metrics_without_prometheus_client_is_501_saying_what_to_install(
+    dashboard: Dashboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cronwarden.metrics
+
+    def missing() -> None:
+        raise UsageError("metrics need the 'prometheus_client' package: pip install 'cronwarden[metrics]'")
+
+    monkeypatch.setattr(cronwarden.metrics, "require_prometheus_client", missing)
+    response = dashboard.handle("GET", "/metrics")
+    assert response.status == 501
+    assert "pip install 'cronwarden[metrics]'" in json.loads(response.body)["error"]
+
+
+def test_an_unreachable_store_is_a_503_and_pages_come_back_with_it(tmp_path: Path) -> None:
     pytest.importorskip("redis")
-    url = f"redis://127.0.0.1:{free_port()}/0?connect_timeout=0.5s"
-    store = open_store(url)
+    server = RedisServer(tmp_path)  # not started yet: the store is unreachable
+    store = open_store(server.url(connect_timeout="0.5s", socket_timeout="0.5s"))
     try:
         dashboard = Dashboard(Monitor(store))
-        for _ in range(2):
-            assert dashboard.handle("GET", "/healthz").status == 503
-            response = dashboard.handle("GET", "/api/jobs")
-            assert response.status == 503
-            assert json.loads(response.body)["error"].startswith("the store cannot be read now:")
+        assert dashboard.handle("GET", "/healthz").status == 503
+        response = dashboard.handle("GET", "/api/jobs")
+        assert response.status == 503
+        assert json.loads(response.body)["error"].startswith("the store cannot be read now:")
         assert "the store cannot be read now" in dashboard.handle("GET", "/").body.decode()
+        server.start()
+        assert dashboard.handle("GET", "/healthz").status == 200
+        assert api(dashboard, "/api/jobs")["jobs"] == []
     finally:
         store.close()
+        server.stop()
 
 
 # -- the command ----------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -266,6 +308,56 @@ def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
         proc.stderr.close()  # type: ignore[union-attr]
 
 
+def exchange(url: str, request: bytes) -> list[tuple[int, bytes]]:
+    """Send raw bytes on one connection; the (status, body) of each answer."""
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(request)
+        s.shutdown(socket.SHUT_WR)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    answers = []
+    while raw:
+        head, _, raw = raw.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+        answers.append((status, raw[:length]))
+        raw = raw[length:]
+    return answers
+
+
+def test_the_server_speaks_http_1_1_carefully(served: tuple[subprocess.Popen[str], str, str]) -> None:
+    proc, url, _ = served
+    # HEAD: the headers of GET, no body.
+    conn = http.client.HTTPConnection(urlsplit(url).hostname, urlsplit(url).port, timeout=10)
+    conn.request("HEAD", "/api/jobs")
+    head = conn.getresponse()
+    assert head.status == 200 and int(head.headers["Content-Length"]) > 0 and head.read() == b""
+    # Every other method is 405 with Allow, whatever http.server knows of it.
+    for method in ("POST", "PUT", "DELETE", "OPTIONS", "BREW"):
+        conn.request(method, "/api/jobs", body=b"{}")
+        answer = conn.getresponse()
+        assert (answer.status, answer.headers["Allow"]) == (405, "GET, HEAD"), method
+        answer.read()
+    conn.close()
+    # A POST's body is read and dropped, not taken for the next request on the connection.
+    smuggled = b"GET /api/runs HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = exchange(url, b"POST /api/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                       b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                       % (len(smuggled), smuggled))  # fmt: skip
+    assert [(status, body) for status, body in answers][1] == (200, b"ok\n")
+    assert [status for status, _ in answers] == [405, 200]
+    # A target that is no URL is a 400, and a path with control characters is logged escaped.
+    assert exchange(url, b"GET http://[/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")[0][0] == 400
+    assert exchange(url, b"GET /\x1b[2J HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")[0][0] == 404
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    log = proc.stderr.read()  # type: ignore[union-attr]
+    assert "GET /\\x1b[2J 404" in log and "\x1b" not in log
+    assert "Traceback" not in log and "Exception" not in log
+
+
 def test_the_server_answers_over_http_and_stops_on_sigterm(
     served: tuple[subprocess.Popen[str], str, str],
 ) -> None:
@@ -291,6 +383,7 @@ def test_the_server_answers_over_http_and_stops_on_sigterm(
         (["--listen", "127.0.0.1:99999"], "expected HOST:PORT"),
         (["--refresh", "soon"], "--refresh must be a duration"),
         (["--runs", "0"], "--runs"),
+        (["--refresh", "500ms"], "--refresh must be 0 (never) or at least 1s, got 0.5s"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(
@@ -301,9 +394,11 @@ def test_bad_flags_are_one_line_and_exit_2(
     assert says in err and len(err.strip().splitlines()) == 1
 
 
-def test_an_address_in_use_is_exit_2_and_the_store_is_closed(
+def test_an_address_in_use_is_exit_2_and_sigterm_is_given_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    cli.main(["run", "--store", f"sqlite:///{tmp_path / 'cw.db'}", "--job", "j", "--", "true"])
+    before = signal.getsignal(signal.SIGTERM)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -313,6 +408,16 @@ def test_an_address_in_use_is_exit_2_and_the_store_is_closed(
         )
     assert code == 2
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sqlite_path_with_no_ledger_is_refused_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    typo = tmp_path / "no-such-dir" / "cw.db"
+    assert cli.main(["dashboard", "--store", f"sqlite:///{typo}"]) == 2
+    assert f"no ledger at {typo}" in capsys.readouterr().err
+    assert not typo.parent.exists()
 
 
 def test_an_unreachable_store_at_start_is_exit_75(capsys: pytest.CaptureFixture[str]) -> None:

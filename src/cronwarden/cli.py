@@ -48,12 +48,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""
 
 
-def duration(what: str) -> Callable[[str], float]:
-    """An argparse ``type`` for a positive duration flag."""
+def duration(what: str, *, allow_zero: bool = False) -> Callable[[str], float]:
+    """An argparse ``type`` for a positive duration flag (or zero, also
+    written ``0``, with ``allow_zero``)."""
 
     def parse(text: str) -> float:
-        from cronwarden.durations import parse_positive_duration
+        from cronwarden.durations import parse_duration, parse_positive_duration
 
+        if allow_zero:
+            return 0.0 if text.strip() == "0" else parse_duration(text, what=what)
         return parse_positive_duration(text, what=what)
 
     parse.__name__ = what

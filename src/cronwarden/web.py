@@ -26,6 +26,7 @@ import html
 import json
 import math
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,36 +36,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from cronwarden.commands.views import history_items, open_run_item, open_runs, state
-from cronwarden.durations import format_duration
+from cronwarden.commands.monitor import audit_item, condition_item
+from cronwarden.commands.views import dur as _dur
+from cronwarden.commands.views import history_items, history_note, open_run_item, open_runs, state
+from cronwarden.commands.views import when as _when
 from cronwarden.errors import StoreError, StoreUnavailable, UsageError, mask_password
 from cronwarden.events import Event, EventKind
-from cronwarden.monitor import JobStats, Monitor, Pass, Severity, Verdict
+from cronwarden.monitor import RESOLVED, JobStats, Monitor, Pass, Severity, Verdict
+from cronwarden.stores.base import EventQuery
 
 DEFAULT_LISTEN = ("127.0.0.1", 8370)
 DEFAULT_REFRESH = 30.0
+BODY_MAX = 65536
+"""A request body up to this size is read and dropped; a larger one closes
+the connection (the dashboard reads no body)."""
 EVENTS_MAX = 1000
 """The most events one ``/api/events`` call returns."""
 
-TROUBLE = (
-    EventKind.FAILED,
-    EventKind.LEASE_LOST,
-    EventKind.REPLACED,
-    EventKind.TIMED_OUT,
-    EventKind.ABANDONED,
-    EventKind.SKIPPED,
-    EventKind.QUEUE_FULL,
-    EventKind.OVERLAP,
-    EventKind.MISSED,
-    EventKind.SLOW,
-    EventKind.SKIPS_IN_A_ROW,
-    EventKind.STUCK,
-    EventKind.GRACE_TOO_WIDE,
-    EventKind.POLICY_UNDECIDED,
-    EventKind.SINK_FAILED,
-)
-"""What the front page lists as the latest trouble: every event that is not
-a plain start, success or queued start."""
+FINE = {EventKind.STARTED, EventKind.SUCCEEDED, EventKind.QUEUED, EventKind.SINK_RECOVERED}
+TROUBLE = tuple(k for k in EventKind if k not in FINE)
+"""What the pages list as the latest trouble: every kind of event but a
+start, a success, a queued start and a sink back up; and of the monitor's
+findings, those raised (a resolution is good news)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +85,9 @@ class Dashboard:
         self.monitor = monitor
         self.store = monitor.store
         self.refresh = refresh
+        # One page is read at a time: a burst of reloads then costs the store
+        # what one reader costs, and the monitor's caches see one thread.
+        # /healthz does not wait behind a slow page.
         self._lock = threading.Lock()
         self._routes: list[tuple[str, bool, Callable[[str, Mapping[str, list[str]]], Response]]] = [
             ("/", False, self._front),
@@ -101,19 +97,29 @@ class Dashboard:
             ("/api/runs", False, self._api_runs),
             ("/api/events", False, self._api_events),
             ("/metrics", False, self._metrics),
-            ("/healthz", False, self._health),
         ]
+
+    def close(self) -> None:
+        """Close the store once the page being read (if any) is done."""
+        with self._lock:
+            self.store.close()
 
     def handle(self, method: str, target: str) -> Response:
         """Answer one request. Never raises: a store that cannot be read is a
         503 (or 500) page saying why, and the server goes on."""
-        parts = urlsplit(target)
-        path, api = parts.path, parts.path.startswith("/api/")
+        api = target.startswith("/api/")
         if method not in ("GET", "HEAD"):
             refused = f"{method} is not served: the dashboard is read-only"
             return _error(HTTPStatus.METHOD_NOT_ALLOWED, refused, api, headers={"Allow": "GET, HEAD"})
-        query = parse_qs(parts.query, keep_blank_values=True)
         try:
+            try:
+                parts = urlsplit(target)
+                query = parse_qs(parts.query, keep_blank_values=True)
+            except ValueError as e:
+                raise BadRequest(f"cannot read the request target {target!r}: {e}") from None
+            path = parts.path
+            if path == "/healthz":
+                return self._health()
             for prefix, takes_rest, view in self._routes:
                 if takes_rest and path.startswith(prefix) and len(path) > len(prefix):
                     rest = unquote(path[len(prefix) :])
@@ -146,26 +152,23 @@ class Dashboard:
             raise NotFound(f"no job named {job!r} in the ledger or the config file")
         return stats
 
-    def _trouble(self, limit: int = 50) -> list[Event]:
-        return self._events(kinds=TROUBLE, limit=limit)
+    def _trouble(self, job: str | None = None, limit: int = 50) -> list[Event]:
+        events = self._events(job=job, kinds=TROUBLE, limit=2 * limit)
+        return [e for e in events if e.data.get("state") != RESOLVED][:limit]
 
     def _events(self, **query: Any) -> list[Event]:
-        from cronwarden.stores.base import EventQuery
-
         return self.store.events(EventQuery(**query))
 
     # -- JSON -------------------------------------------------------------
 
     def _api_jobs(self, _: str, query: Mapping[str, list[str]]) -> Response:
-        from cronwarden.commands.monitor import strict_failures
-
         result = self._pass()
         t = self.monitor.thresholds
         return _json(
             {
                 "as_of": result.at,
-                "jobs": [{**s.as_dict(t), "strict": strict_failures(s, t)} for s in result.stats],
-                "findings": [_condition(c) for c in result.active],
+                "jobs": [audit_item(s, t) for s in result.stats],
+                "findings": [condition_item(c) for c in result.active],
             }
         )
 
@@ -215,7 +218,7 @@ class Dashboard:
             return _error(HTTPStatus.NOT_IMPLEMENTED, str(e), api=True)
         return Response(HTTPStatus.OK, "text/plain; version=0.0.4; charset=utf-8", body)
 
-    def _health(self, _: str, query: Mapping[str, list[str]]) -> Response:
+    def _health(self) -> Response:
         self.store.jobs()
         return Response(HTTPStatus.OK, "text/plain; charset=utf-8", b"ok\n")
 
@@ -340,37 +343,14 @@ class Dashboard:
             ("notes", _h("; ".join(stats.notes(t)) or "-")),
         ]
         dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
-        rows = []
-        for i in items:
-            if i["type"] == "run":
-                note = i["detail"] or ("" if i["exit_code"] in (None, 0) else f"exit {i['exit_code']}")
-                rows.append(
-                    [
-                        _when(i["started_at"]),
-                        _outcome(i["outcome"]),
-                        _h(i["run_id"]),
-                        _dur(i["duration"]),
-                        str(i["token"]),
-                        _h(f"{i['host']}:{i['pid']}"),
-                        _h(note),
-                    ]
-                )
-            else:
-                age = i.get("holder_age")
-                note = f"held by {i.get('holder_run_id', '?')}" + (
-                    f" for {_dur(age)}" if age is not None else ""
-                )
-                rows.append(
-                    [
-                        _when(i["at"]),
-                        _outcome(i["type"]),
-                        _h(i["run_id"] or "-"),
-                        "-",
-                        "-",
-                        _h(str(i.get("host", "-"))),
-                        _h(note),
-                    ]
-                )
+        rows = [
+            [_when(i["started_at"]), _outcome(i["outcome"]), _h(i["run_id"]), _dur(i["duration"]),
+             str(i["token"]), _h(f"{i['host']}:{i['pid']}"), _h(history_note(i))]
+            if i["type"] == "run"
+            else [_when(i["at"]), _outcome(i["type"]), _h(i["run_id"] or "-"), "-", "-",
+                  _h(str(i.get("host", "-"))), _h(history_note(i))]
+            for i in items
+        ]  # fmt: skip
         history = _table(
             ["when", "outcome", "run id", "duration", "token", "host:pid", "note"],
             rows,
@@ -380,12 +360,12 @@ class Dashboard:
         body = (
             f'<p><a href="/">← all jobs</a></p><dl>{dl}</dl><h2>Durations against the period</h2>{chart}'
             f"<h2>Runs and refused starts</h2>{history}"
-            f"<h2>Latest trouble</h2>{_events_table(self._events(job=job, kinds=TROUBLE, limit=20), now)}"
+            f"<h2>Latest trouble</h2>{_events_table(self._trouble(job, 20), now)}"
         )
         return self._page(job, body, now)
 
     def _page(self, title: str, body: str, now: float) -> Response:
-        refresh = f'<meta http-equiv="refresh" content="{self.refresh:g}">' if self.refresh > 0 else ""
+        refresh = f'<meta http-equiv="refresh" content="{round(self.refresh)}">' if self.refresh > 0 else ""
         store = _h(mask_password(self.store.url))
         text = (
             f'<!doctype html><html lang="en"><head><meta charset="utf-8">{refresh}'
@@ -419,17 +399,17 @@ def serve(
         protocol_version = "HTTP/1.1"
         timeout = 30  # a client that stops sending frees its thread
 
-        def do_GET(self) -> None:
-            self._answer()
+        def __getattr__(self, name: str) -> Callable[[], None]:
+            # Every method reaches ``handle`` (http.server answers 501 itself for
+            # a method with no ``do_`` function): GET and HEAD are served, the
+            # rest get 405 with the reason.
+            if name.startswith("do_"):
+                return self._answer
+            raise AttributeError(name)
 
-        def do_HEAD(self) -> None:
-            self._answer(body=False)
-
-        def do_POST(self) -> None:
-            self._answer()
-
-        def _answer(self, body: bool = True) -> None:
+        def _answer(self) -> None:
             started = time.monotonic()
+            self._discard_body()
             response = dashboard.handle(self.command, self.path)
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
@@ -438,11 +418,23 @@ def serve(
             for name, value in response.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            if body:
+            if self.command != "HEAD":
                 self.wfile.write(response.body)
             if log is not None:
                 took = (time.monotonic() - started) * 1000
-                log(f"{self.client_address[0]} {self.command} {self.path} {response.status} {took:.0f} ms")
+                shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in self.path)
+                log(f"{self.client_address[0]} {self.command} {shown} {response.status} {took:.0f} ms")
+
+        def _discard_body(self) -> None:
+            """Read a request's body, unused: left on a kept-alive connection it
+            would be read as the next request. A large or chunked one ends the
+            connection instead."""
+            length = self.headers.get("Content-Length", "0").strip() or "0"
+            chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+            if chunked or not length.isascii() or not length.isdigit() or int(length) > BODY_MAX:
+                self.close_connection = True
+            elif int(length):
+                self.rfile.read(int(length))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per request from _answer instead, or none
@@ -450,6 +442,14 @@ def serve(
     class Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            # Not socketserver's traceback: a client that went away is no
+            # news, anything else is one line.
+            error = sys.exc_info()[1]
+            if isinstance(error, ConnectionError | TimeoutError) or log is None:
+                return
+            log(f"{client_address[0]}: request failed: {type(error).__name__}: {error}")
 
     try:
         server = Server((host, port), Handler)
@@ -509,14 +509,6 @@ def _job_link(job: str) -> str:
     return f'<a href="/jobs/{quote(job, safe="")}">{_h(job)}</a>'
 
 
-def _dur(seconds: float | None) -> str:
-    return "-" if seconds is None else format_duration(seconds)
-
-
-def _when(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-
 def _ago(t: float | None, now: float) -> str:
     return "-" if t is None else f'<span title="{_when(t)}">{_dur(max(0.0, now - t))} ago</span>'
 
@@ -556,8 +548,7 @@ def _say(e: Event) -> str:
     if "summary" in d:
         return f"{d.get('state', '')}: {d['summary']}".lstrip(": ")
     if "holder_run_id" in d:
-        age = d.get("holder_age")
-        return f"held by {d['holder_run_id']}" + (f" for {_dur(age)}" if isinstance(age, int | float) else "")
+        return history_note({"type": e.kind.value, **d})
     if "error" in d:
         return str(d["error"])
     if d.get("detail"):
@@ -641,7 +632,7 @@ def _int(query: Mapping[str, list[str]], name: str, default: int, low: int, high
     text = _one(query, name)
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise BadRequest(f"{name}={text!r}: expected a whole number from {low} to {high}")
     return int(text)
 
@@ -655,14 +646,4 @@ def _event(e: Event) -> dict[str, Any]:
         "run_id": e.run_id,
         "at": e.at,
         "data": dict(e.data),
-    }
-
-
-def _condition(c: Any) -> dict[str, Any]:
-    return {
-        "rule": c.rule.value,
-        "job": c.job,
-        "run_id": c.run_id,
-        "severity": c.severity.name.lower(),
-        "summary": c.summary,
     }

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from types import FrameType
@@ -28,6 +29,7 @@ does that). It has no login: listen on loopback (the default) or behind a proxy 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    from cronwarden.cli import duration
     from cronwarden.commands.monitor import _add_window_flags
 
     p.description = (
@@ -37,19 +39,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.add_argument("--listen", type=_address, default="127.0.0.1:8370", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8370; port 0 picks a free one)")  # fmt: skip
-    p.add_argument("--refresh", type=_refresh, default=30.0, metavar="DURATION",
+    p.add_argument("--refresh", type=duration("--refresh", allow_zero=True), default=30.0, metavar="DURATION",
                    help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     _add_window_flags(p)
-
-
-def _refresh(text: str) -> float:
-    from cronwarden.durations import parse_duration
-
-    try:
-        return parse_duration(text, what="--refresh")
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -61,30 +54,44 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
-    from cronwarden.commands.monitor import _monitor, _store
+    from cronwarden.cli import store_url
+    from cronwarden.commands.monitor import _monitor
+    from cronwarden.stores import open_store
     from cronwarden.web import Dashboard, serve
 
-    store = _store(args, clock)
+    if 0 < args.refresh < 1:
+        raise UsageError(f"--refresh must be 0 (never) or at least 1s, got {args.refresh:g}s")
+    url = store_url(args)
+    if url.startswith("sqlite:"):
+        from cronwarden.stores.sqlite import path_of
+
+        # Opening a SQLite store creates it: a mistyped path would serve an empty ledger.
+        if not os.path.exists(path_of(url)):
+            raise UsageError(f"no ledger at {path_of(url)}: give the --store your jobs write to")
+    store = open_store(url, clock=clock)
     try:
-        store.jobs()  # unreachable or not a store: say so now (exit 75 or 2), not on the first page
+        store.jobs()  # unreachable (exit 75) or not a store (exit 2): say so now, not on the first page
         dashboard = Dashboard(_monitor(args, store, clock), refresh=args.refresh)
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt  # serve_forever's loop unwinds; the finally below closes the store
-
-        signal.signal(signal.SIGTERM, stop)
-        host, port = args.listen
-
-        def ready(url: str) -> None:
-            print(f"cronwarden dashboard: {url} (Ctrl-C to stop)", flush=True)
-
-        def log(line: str) -> None:
-            print(line, file=sys.stderr, flush=True)
-
-        try:
-            serve(dashboard, host, port, ready=ready, log=None if args.quiet else log)
-        except KeyboardInterrupt:
-            return 0
-    finally:
+    except BaseException:
         store.close()
-    raise UsageError("the dashboard stopped serving")  # pragma: no cover - serve returns only by an exception
+        raise
+    host, port = args.listen
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt  # serve_forever's loop unwinds to the finally below
+
+    def ready(url: str) -> None:
+        print(f"cronwarden dashboard: {url} (Ctrl-C to stop)", flush=True)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        serve(dashboard, host, port, ready=ready, log=None if args.quiet else log)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        dashboard.close()
+    return 0

@@ -17,7 +17,7 @@ from cronwarden.errors import StoreUnavailable, UsageError
 
 if TYPE_CHECKING:
     from cronwarden.events import JobInfo
-    from cronwarden.monitor import Monitor, Pass, Thresholds
+    from cronwarden.monitor import Condition, JobStats, Monitor, Pass, Thresholds
     from cronwarden.stores.base import Store
 
 
@@ -117,9 +117,9 @@ def _monitor(args: Any, store: Store, clock: Clock) -> Monitor:
 
 
 def _dur(seconds: float | None) -> str:
-    from cronwarden.durations import format_duration
+    from cronwarden.commands.views import dur
 
-    return "-" if seconds is None else format_duration(seconds)
+    return dur(seconds)
 
 
 # -- audit --------------------------------------------------------------------
@@ -162,6 +162,11 @@ def strict_failures(stats: Any, thresholds: Thresholds) -> list[str]:
     return why
 
 
+def audit_item(stats: JobStats, thresholds: Thresholds) -> dict[str, Any]:
+    """One job as ``audit --json`` (and the dashboard's ``/api/jobs``) shows it."""
+    return {**stats.as_dict(thresholds), "strict": strict_failures(stats, thresholds)}
+
+
 def main_audit(args: Any, *, clock: Clock = SYSTEM_CLOCK, out: TextIO | None = None) -> int:
     from cronwarden.commands.views import table
 
@@ -175,7 +180,7 @@ def main_audit(args: Any, *, clock: Clock = SYSTEM_CLOCK, out: TextIO | None = N
     t = monitor.thresholds
     failing = {s.job: strict_failures(s, t) for s in all_stats}
     if args.json:
-        print(json.dumps([{**s.as_dict(t), "strict": failing[s.job]} for s in all_stats], indent=2), file=out)
+        print(json.dumps([audit_item(s, t) for s in all_stats], indent=2), file=out)
     elif not all_stats:
         print("no jobs known: run one with cronwarden run --every/--schedule, or describe it with "
               "cronwarden report describe", file=out)  # fmt: skip
@@ -221,21 +226,17 @@ def configure_check(p: argparse.ArgumentParser) -> None:
     _add_window_flags(p)
 
 
+def condition_item(c: Condition) -> dict[str, Any]:
+    """A finding that holds, as ``check --json`` (and the dashboard's ``/api/jobs``) shows it."""
+    return {"severity": c.severity.name.lower(), "job": c.job, "rule": c.rule.value, "run_id": c.run_id,
+            "summary": c.summary, "data": dict(c.data)}  # fmt: skip
+
+
 def _pass_json(result: Pass) -> dict[str, Any]:
     return {
         "status": result.severity.name,
         "at": result.at,
-        "problems": [
-            {
-                "severity": c.severity.name.lower(),
-                "job": c.job,
-                "rule": c.rule.value,
-                "run_id": c.run_id,
-                "summary": c.summary,
-                "data": dict(c.data),
-            }
-            for c in result.active
-        ],
+        "problems": [condition_item(c) for c in result.active],
         "raised": len(result.raised),
         "resolved": len(result.resolved),
         "abandoned": list(result.abandoned),

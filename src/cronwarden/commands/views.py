@@ -15,8 +15,12 @@ if TYPE_CHECKING:
     from cronwarden.stores.base import Store
 
 
-def _when(t: float | None) -> str:
+def when(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def dur(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -55,6 +59,16 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
         items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
     items.sort(key=lambda item: item[0], reverse=True)
     return [i for _, i in items]
+
+
+def history_note(item: dict[str, Any]) -> str:
+    """What a ``history_items`` item's NOTE says: a run's detail or exit
+    status; a refused start's holder and how long it had held."""
+    if item["type"] == "run":
+        return str(item["detail"] or ("" if item["exit_code"] in (None, 0) else f"exit {item['exit_code']}"))
+    age = item.get("holder_age")
+    held = f" for {format_duration(age)}" if isinstance(age, int | float) else ""
+    return f"held by {item.get('holder_run_id', '?')}{held}"
 
 
 def state(run: RunRecord) -> str:
@@ -119,7 +133,7 @@ def main_status(args: Any) -> int:
         print("no open runs")
         return 0
     rows = [
-        [r.job, r.run_id, r.host, str(r.pid), _when(r.started_at), format_duration(now - r.started_at),
+        [r.job, r.run_id, r.host, str(r.pid), when(r.started_at), format_duration(now - r.started_at),
          "-" if r.expires_in is None else format_duration(r.expires_in), str(r.token),
          str(pending), state(r)]
         for r, pending in runs
@@ -156,13 +170,10 @@ def main_history(args: Any) -> int:
     for i in items:
         at = i["started_at"] if i["type"] == "run" else i["at"]
         if i["type"] == "run":
-            dur = "-" if i["duration"] is None else format_duration(i["duration"])
-            note = i["detail"] or ("" if i["exit_code"] in (None, 0) else f"exit {i['exit_code']}")
-            rows.append([_when(at), i["outcome"], i["run_id"], dur, str(i["token"]), i["host"], note])
+            rows.append([when(at), i["outcome"], i["run_id"], dur(i["duration"]), str(i["token"]), i["host"],
+                         history_note(i)])  # fmt: skip
         else:
-            holder = i.get("holder_run_id", "?")
-            age = i.get("holder_age")
-            note = f"held by {holder}" + (f" for {format_duration(age)}" if age is not None else "")
-            rows.append([_when(at), i["type"], i["run_id"] or "-", "-", "-", str(i.get("host", "-")), note])
+            rows.append([when(at), i["type"], i["run_id"] or "-", "-", "-", str(i.get("host", "-")),
+                         history_note(i)])  # fmt: skip
     print(table(["WHEN", "OUTCOME", "RUN ID", "DURATION", "TOKEN", "HOST", "NOTE"], rows))
     return 0

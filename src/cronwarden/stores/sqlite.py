@@ -354,12 +354,8 @@ class SqliteStore(Store):
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
-        rest = url.split("://", 1)[1]
-        path, _, query = rest.partition("?")
-        while path.startswith("//"):  # sqlite:////abs/path, as SQLAlchemy writes it
-            path = path[1:]
-        if not path or path == "/":
-            raise StoreUrlError(url, "expected sqlite:///PATH/TO/FILE.db")
+        path = path_of(url)
+        query = url.partition("?")[2]
         params: dict[str, str] = {}
         if query:  # urllib.parse only when there is a query: it costs the wrapper ~1 ms
             from urllib.parse import parse_qs
@@ -868,6 +864,18 @@ class SqliteStore(Store):
 
 _SELECT_JOBS = "SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at FROM jobs"
 """Columns in JobInfo field order."""
+
+
+def path_of(url: str) -> str:
+    """The file a ``sqlite:///PATH`` URL names."""
+    path = url.split("://", 1)[1].partition("?")[0]
+    while path.startswith("//"):  # sqlite:////abs/path, as SQLAlchemy writes it
+        path = path[1:]
+    if not path or path == "/":
+        raise StoreUrlError(url, "expected sqlite:///PATH/TO/FILE.db")
+    return path
+
+
 _INSERT_EVENT = (
     "INSERT INTO events (event_id, kind, job, run_id, at, data) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (event_id) DO NOTHING"
