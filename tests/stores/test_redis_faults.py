@@ -27,7 +27,7 @@ from cronwarden.events import Event, EventKind, Outcome
 from cronwarden.lease import Heartbeat, Lease
 from cronwarden.policy import Policy
 from cronwarden.stores import open_store
-from cronwarden.stores.base import End, EventQuery, Granted, Refused, Start, Store
+from cronwarden.stores.base import End, EventQuery, Granted, Refusal, Refused, Start, Store
 from redisserver import RedisServer, free_port, private_redis
 
 redis = pytest.importorskip("redis")
@@ -596,3 +596,72 @@ def test_outbox_acknowledges_event_ids_that_need_json_escapes(shared_url: str) -
         assert [e.event_id for e in store.undelivered("hook", 100)] == [odd.event_id, plain.event_id]
         store.mark_delivered("hook", [odd.event_id])
         assert [e.event_id for e in store.undelivered("hook", 100)] == [plain.event_id]
+
+
+# -- the fast paths ----------------------------------------------------------
+
+
+def written(store: Store, job: str, run_ids: list[str]) -> tuple[list[object], list[object]]:
+    """A job's runs and events with what differs between two jobs run the
+    same way (names, run ids, event ids, tokens, seqs) put in placeholders."""
+    import json
+
+    def plain(value: object) -> object:
+        text = json.dumps(value, sort_keys=True)
+        for i, run_id in enumerate(run_ids):
+            text = text.replace(run_id, f"<run {i}>")
+        return json.loads(text.replace(f'"{job}"', '"<job>"'))
+
+    runs = [plain({**r._asdict(), "token": type(r.token).__name__}) for r in store.runs(job, limit=100)]
+    tokens = ("token", "holder_token")
+    events = [
+        plain({"kind": e.kind.value, "run_id": e.run_id, "at": e.at,
+               "data": {k: type(v).__name__ if k in tokens else v for k, v in e.data.items()}})
+        for e in store.events(EventQuery(job=job, limit=100, newest_first=False))
+    ]  # fmt: skip
+    return runs, events
+
+
+def test_the_fast_paths_write_what_the_general_scripts_write(shared_url: str) -> None:
+    """A start with policy skip on a free lease, a skip, and a plain release
+    take the fast scripts; the same steps on a lease the general script
+    granted (policy queue, nothing held) take the general ones. The ledger
+    reads the same either way."""
+    prefix = shared_url.split("prefix=", 1)[1]
+    client = redis.Redis.from_url(SHARED, decode_responses=True)
+    seen = {}
+    with open_store(shared_url) as store:
+        for job, policy in (("fast", Policy.SKIP), ("general", Policy.QUEUE)):
+            t = 1_750_000_000.0
+            first = start(job, ttl=LONG_TTL)._replace(policy=policy, at=t, slot=t - 1)
+            holder = granted(store.acquire(first)).lease
+            fast = client.hget(f"{prefix}lease:{job}", "recfor") == holder.run_id
+            assert fast is (policy is Policy.SKIP)
+            refused = store.acquire(start(job)._replace(at=t + 2.5))
+            assert isinstance(refused, Refused) and refused.refusal is Refusal.SKIPPED
+            assert refused.holder.run_id == holder.run_id and refused.holder.started_at == t
+            failed = End(outcome=Outcome.FAILED, at=t + 4, exit_code=3, detail='a "quoted" é')
+            assert store.finish(holder, failed).recorded
+            ids = [holder.run_id, refused_id(store, job)]
+            seen[job] = written(store, job, ids)
+    client.close()
+    assert seen["fast"] == seen["general"]
+    runs, events = seen["fast"]
+    assert [e["kind"] for e in events] == ["started", "skipped", "failed"]  # type: ignore[index]
+    assert runs[0]["detail"] == 'a "quoted" é'  # type: ignore[index]
+
+
+def refused_id(store: Store, job: str) -> str:
+    [skipped] = store.events(EventQuery(job=job, kinds=[EventKind.SKIPPED], limit=10))
+    assert skipped.run_id is not None
+    return skipped.run_id
+
+
+def test_a_fast_grant_of_an_expired_lease_records_the_dead_run_abandoned(shared_url: str) -> None:
+    with open_store(shared_url) as store:
+        dead = granted(store.acquire(start("ghost", ttl=0.05))).lease
+        wait_for("the lease to expire", lambda: (store.lease("ghost").expires_in or 0) <= 0, 5)  # type: ignore[union-attr]
+        taken = granted(store.acquire(start("ghost")))
+        assert taken.abandoned == (dead.run_id,)
+        assert store.run(dead.run_id).outcome is Outcome.ABANDONED  # type: ignore[union-attr]
+        assert store.finish(taken.lease, end()).recorded

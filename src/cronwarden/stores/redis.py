@@ -1,7 +1,8 @@
 """The Redis store: leases, fencing and the ledger in one Redis database.
 
 Every write is one Lua script, so each contract step is atomic and one round
-trip: ``acquire`` (lease check, abandoned detection, fencing, ``started`` or
+trip (the common cases have lean scripts of their own, below): ``acquire``
+(lease check, abandoned detection, fencing, ``started`` or
 the refusal event, policy branch, retention), ``finish`` (terminal record,
 release, the queued ``then`` start), ``renew`` (owner-checked ``PEXPIRE``)
 and ``record``. Every key a script touches is passed in ``KEYS``. Key layout,
@@ -40,6 +41,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 import threading
 import weakref
@@ -125,50 +127,11 @@ _LEASE_FIELDS = ("owner", "token", "job", "host", "pid", "started", "slot")
 #   kind .. '|' .. ordhex(at) .. '|' .. seq                     events by kind
 # ordhex is a float as 16 hex digits in numeric order (see _ordhex below).
 
-_COMMON = r"""
+_RETENTION = r"""
+-- The limits, their trim batches and the check interval: see _retention().
 local RUNS_MAX, EVENTS_MAX = tonumber('{runs_max}'), tonumber('{events_max}')
--- Trim in batches, so that most calls only count.
-local RUNS_BATCH = math.min(32, math.floor(RUNS_MAX / 8))
-local EVENTS_BATCH = math.min(32, math.floor(EVENTS_MAX / 8))
--- Retention is checked every CHECK events of a job: the limits are exceeded
--- by at most that many between checks (exact when a limit is below 16).
-local CHECK = math.max(1, math.min(EVENTS_BATCH, RUNS_BATCH))
-
-local function jstr(s) return cjson.encode(s) end
-
-local function split(packed)
-  local t, n = {}, 0
-  for f in string.gmatch(packed, '([^\31]*)\31') do n = n + 1; t[n] = f end
-  return t
-end
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
-end
-
--- Writes are collected and flushed once per script.
-local EVENTS, MEMBERS = {}, {}
-
-local function add_member(index, member)
-  local list = MEMBERS[index]
-  if not list then list = {}; MEMBERS[index] = list end
-  list[#list + 1] = 0
-  list[#list + 1] = member
-end
-
--- link: how the event is found by its run id. 'new': the run's first
--- events, written by this script: the field 'r:<run id>' of the records
--- hash lists their seqs (no write of its own: it rides in the records'
--- HSET). A string: that field's value so far (kept in the lease hash as
--- 'rseq' while the run is open), to which the seq is appended. nil: an
--- entry in the run id index (events recorded later by other calls).
-local function add_event(index, eid, kind, job, run_id, at, athex, data, link)
-  EVENTS[#EVENTS + 1] = {index, eid, kind, job, run_id, at, athex, data, link}
-end
-
--- The lease hash write of a grant, done by flush once the seqs are known.
-local LEASE = false
+local RUNS_BATCH, EVENTS_BATCH = tonumber('{runs_batch}'), tonumber('{events_batch}')
+local CHECK = tonumber('{check}')
 
 -- Retention is per job, so every key trimmed is one the call declared.
 local function trim_events(index, evk, runk)
@@ -215,6 +178,47 @@ local function trim_runs(index, runsk)
     redis.call('HDEL', runsk, unpack(fields))
   end
 end
+
+"""
+
+_COMMON = (
+    _RETENTION
+    + r"""
+local function jstr(s) return cjson.encode(s) end
+
+local function split(packed)
+  local t, n = {}, 0
+  for f in string.gmatch(packed, '([^\31]*)\31') do n = n + 1; t[n] = f end
+  return t
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+
+-- Writes are collected and flushed once per script.
+local EVENTS, MEMBERS = {}, {}
+
+local function add_member(index, member)
+  local list = MEMBERS[index]
+  if not list then list = {}; MEMBERS[index] = list end
+  list[#list + 1] = 0
+  list[#list + 1] = member
+end
+
+-- link: how the event is found by its run id. 'new': the run's first
+-- events, written by this script: the field 'r:<run id>' of the records
+-- hash lists their seqs (no write of its own: it rides in the records'
+-- HSET). A string: that field's value so far (kept in the lease hash as
+-- 'rseq' while the run is open), to which the seq is appended. nil: an
+-- entry in the run id index (events recorded later by other calls).
+local function add_event(index, eid, kind, job, run_id, at, athex, data, link)
+  EVENTS[#EVENTS + 1] = {index, eid, kind, job, run_id, at, athex, data, link}
+end
+
+-- The lease hash write of a grant, done by flush once the seqs are known.
+local LEASE = false
 
 -- Flushes the collected writes: evk event records hash (its field 'seq' is the
 -- counter), runk run id index, jobsk jobs -> events written (a counter per
@@ -314,6 +318,7 @@ local function grant(lk, livek, openk, index, old_token, old_srv, srv, s, new)
   return ts
 end
 """
+)
 
 _ACQUIRE = (
     _COMMON
@@ -443,6 +448,93 @@ end
 redis.call('HDEL', KEYS[1], 'owner', 'revoked_by', 'rseq')
 flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
 return {1, recorded}
+"""
+)
+
+# The two fast paths. Most cycles are a start on a free lease and a plain
+# release, and most refusals a skip; for these, the scripts above spend more
+# on Lua (splitting the packed argument, building records from parts, the
+# generic flush, defining the trim functions) than on their Redis calls. The
+# fast scripts make the same writes, in the same layout, from texts the
+# client prepares, and return the job's event counter: when it reaches a
+# multiple of CHECK, the client sends _TRIM (retention as the general
+# scripts apply it, one call in CHECK). A grant stores
+# in the lease hash, beside the run's start, its run record and its holder
+# description with the token in place (``rec`` and ``hold``, valid for the
+# run named by ``recfor``), so the release and a skip only append. Anything
+# else (a lease whose owner expired, a lease the general scripts granted,
+# another policy, a queued ``then``, a side lease) returns false, and the
+# client sends the general script: the fast scripts decide nothing the
+# general ones would decide differently.
+
+_GRANT_OR_SKIP = r"""
+-- KEYS: as _ACQUIRE's first 8. ARGV: 1 run id, 2 ttl ms, 3 the server's run id, 4 job, 5 key, 6 at,
+-- 7 athex, 8-9 the started record around its token, 10-11 the run record's head around its token,
+-- 12 the holder description up to its token, 13-14 the skipped record around the holder's,
+-- 15 host, 16 pid, 17 slot
+local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'recfor', 'hold', 'host', 'pid', 'started')
+local owner = h[1]
+if owner then
+  local pttl = redis.call('PTTL', KEYS[2])
+  if pttl == -2 or h[4] ~= owner then return false end
+  local seq = string.format('%012d', redis.call('HINCRBY', KEYS[6], 'seq', 1))
+  redis.call('HSET', KEYS[6], seq, ARGV[13] .. h[5] .. ',"holder_age":'
+    .. string.format('%.3f', tonumber(ARGV[6]) - tonumber(h[8])) .. ARGV[14], 'r:' .. ARGV[1], seq)
+  redis.call('ZADD', KEYS[5], 0, '@|' .. ARGV[7] .. '|' .. seq .. '|skipped|' .. ARGV[1],
+    0, 'skipped|' .. ARGV[7] .. '|' .. seq)
+  local n = redis.call('HINCRBY', KEYS[8], ARGV[4], 1)
+  return {'R', 'skipped', owner, h[6], h[7], h[8], h[2], pttl, n}
+end
+-- The fencing rule of the module docstring, as grant() applies it.
+local t = redis.call('TIME')
+local token
+if h[2] then token = tonumber(h[2]) + 1 end
+if not token or h[3] ~= ARGV[3] then
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not token or us > token then token = us end
+end
+local ts = string.format('%d', token)
+local exp = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2]))
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+local seq = string.format('%012d', redis.call('HINCRBY', KEYS[6], 'seq', 1))
+redis.call('HSET', KEYS[6], seq, ARGV[8] .. ts .. ARGV[9], 'r:' .. ARGV[1], seq)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', ts, 'job', ARGV[4], 'host', ARGV[15], 'pid', ARGV[16],
+  'started', ARGV[6], 'slot', ARGV[17], 'revoked_by', '', 'srv', ARGV[3], 'exp', exp, 'rseq', seq,
+  'recfor', ARGV[1], 'rec', ARGV[10] .. ts .. ARGV[11], 'hold', ARGV[12] .. ts)
+redis.call('ZADD', KEYS[5], 0, '#|' .. ARGV[7] .. '|' .. ARGV[1],
+  0, '@|' .. ARGV[7] .. '|' .. seq .. '|started|' .. ARGV[1], 0, 'started|' .. ARGV[7] .. '|' .. seq)
+return {'G', ts, '', redis.call('HINCRBY', KEYS[8], ARGV[4], 1)}
+"""
+
+_RELEASE = r"""
+-- KEYS: as _FINISH's first 8. ARGV: 1 run id, 2 job, 3 the run record's end, 4 the terminal record up to
+-- its duration, 5 at, 6 athex, 7 kind
+local h = redis.call('HMGET', KEYS[1], 'owner', 'recfor', 'rec', 'started', 'rseq')
+if h[1] ~= ARGV[1] then return {0, 0, 0} end
+if h[2] ~= ARGV[1] or not h[5] or h[5] == '' then return false end
+local recorded = 0
+if redis.call('HDEL', KEYS[3], ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[4], ARGV[1], h[3] .. ARGV[3])
+  local seq = string.format('%012d', redis.call('HINCRBY', KEYS[6], 'seq', 1))
+  local duration = string.format('%.6f', tonumber(ARGV[5]) - tonumber(h[4]))
+  redis.call('HSET', KEYS[6], seq, ARGV[4] .. duration .. '}}', 'r:' .. ARGV[1], h[5] .. ',' .. seq)
+  redis.call('ZADD', KEYS[5], 0, '@|' .. ARGV[6] .. '|' .. seq .. '|' .. ARGV[7] .. '|' .. ARGV[1],
+    0, ARGV[7] .. '|' .. ARGV[6] .. '|' .. seq)
+  recorded = 1
+end
+redis.call('HDEL', KEYS[1], 'owner', 'revoked_by', 'rseq')
+if recorded == 0 then return {1, 0, 0} end
+return {1, 1, redis.call('HINCRBY', KEYS[8], ARGV[2], 1)}
+"""
+
+_TRIM = (
+    _RETENTION
+    + r"""
+-- KEYS: 1 job index, 2 event records, 3 run id index, 4 finished runs
+trim_runs(KEYS[1], KEYS[4])
+trim_events(KEYS[1], KEYS[2], KEYS[3])
+return 1
 """
 )
 
@@ -680,13 +772,19 @@ class RedisStore(Store):
         # Retention is part of the script text (one script per setting), not
         # an argument on every call. Scripts are sent by EVALSHA, by EVAL on
         # NOSCRIPT (first use, restart).
+        limits = _retention(runs_per_job, events_per_job)
+        self._check = limits["check"]
+
         def script(text: str) -> _Lua:
-            return _Lua(
-                text.replace("{runs_max}", str(runs_per_job)).replace("{events_max}", str(events_per_job))
-            )
+            for name, value in limits.items():
+                text = text.replace(f"{{{name}}}", str(value))
+            return _Lua(text)
 
         self._acquire = script(_ACQUIRE)
         self._finish = script(_FINISH)
+        self._grant_or_skip = _Lua(_GRANT_OR_SKIP)
+        self._release = _Lua(_RELEASE)
+        self._trim = script(_TRIM)
         self._renew = script(_RENEW)
         self._record = script(_RECORD)
         self._undelivered = _Lua(_UNDELIVERED)
@@ -881,10 +979,14 @@ class RedisStore(Store):
     def _index(self, job: str) -> str:
         return f"{self.prefix}job:{job}"
 
-    def _start_fields(self, start: Start) -> str:
+    @staticmethod
+    def _check_start(start: Start) -> None:
         for text in (start.run_id, start.job, start.key, start.host):
             if SEP in text:
                 raise UsageError(f"job, key, host and run id may not contain control characters: {text!r}")
+
+    def _start_fields(self, start: Start) -> str:
+        self._check_start(start)
         at = float(start.at)
         return _pack(
             start.run_id,
@@ -899,6 +1001,41 @@ class RedisStore(Store):
             "null" if start.slot is None else repr(float(start.slot)),
             new_id(),
         )
+
+    def _fast_start(self, start: Start) -> list[str]:
+        """``_GRANT_OR_SKIP``'s arguments but the server's run id (inserted
+        at 2): the records a grant or a skip writes, around what only the
+        script knows (the token, the holder)."""
+        self._check_start(start)
+        at = repr(float(start.at))
+        job, key, host, run = _jstr(start.job), _jstr(start.key), _jstr(start.host), _jstr(start.run_id)
+        pid = str(int(start.pid))
+        slot = "null" if start.slot is None else repr(float(start.slot))
+        return [
+            start.run_id, str(_ttl_ms(start.ttl)), start.job, start.key, at, _ordhex(float(start.at)),
+            f'{{"i":"{new_id()}","k":"started","j":{job},"r":{run},"a":{at},"d":{{"host":{host},"pid":{pid},'
+            '"token":',
+            f',"key":{key},"slot":{slot},"ttl":{float(start.ttl)!r}}}}}',
+            f'{{"job":{job},"key":{key},"host":{host},"pid":{pid},"token":',
+            f',"slot":{slot},"started_at":{at},',
+            f'"holder_run_id":{run},"holder_host":{host},"holder_pid":{pid},"holder_started_at":{at},'
+            '"holder_token":',
+            f'{{"i":"{new_id()}","k":"skipped","j":{job},"r":{run},"a":{at},"d":{{',
+            f',"slot":{slot},"host":{host},"pid":{pid},"policy":"skip"}}}}',
+            start.host, pid, slot,
+        ]  # fmt: skip
+
+    def _retain(self, job: str, written: int) -> None:
+        """After a fast script: trim the job's ledger when its counter of
+        events written reached a multiple of the check interval. Best
+        effort: the step it follows is done, and a trim that fails is caught
+        up by the next check (each trims down to the limit)."""
+        if written and written % self._check == 0:
+            keys = [self._index(job), self._k_ev, self._k_ev_run, self._k_runs]
+            try:
+                self._eval(self._trim, keys, [])
+            except StoreError:
+                pass
 
     def _renewer(self, ttl: float) -> redis.Redis:
         """A client whose calls give up within the belief margin (the part
@@ -939,10 +1076,17 @@ class RedisStore(Store):
             self._k_ev_run,
             self._k_job_counts,
         ]
+        if start.policy is Policy.SKIP:
+            reply = self._eval(self._grant_or_skip, keys, self._fast_start(start), server=2)
+            if reply is not None:  # else a case only the general script handles
+                self._retain(start.job, reply[-1])
+                return self._acquired(start, side, reply)
         if start.policy is Policy.ALLOW:  # the side lease: declared only when it may be touched
             keys += [f"{p}lease:{side}", f"{p}live:{side}"]
         packed = self._start_fields(start) + _pack(start.policy.value, str(start.max_pending), new_id(), side)
-        reply = self._eval(self._acquire, keys, [packed], server=1)
+        return self._acquired(start, side, self._eval(self._acquire, keys, [packed], server=1))
+
+    def _acquired(self, start: Start, side: str, reply: list[Any]) -> Granted | Refused:
         if reply[0] == "G":
             lease = Lease(
                 key=start.key, job=start.job, run_id=start.run_id, token=int(reply[1]), ttl=start.ttl
@@ -1012,12 +1156,23 @@ class RedisStore(Store):
         for text in (lease.run_id, lease.job, lease.key):
             if SEP in text:
                 raise UsageError(f"job, key and run id may not contain control characters: {text!r}")
+        kind = end.outcome.event.value
+        if then is None and not side:
+            record = (
+                f'{{"i":"{new_id()}","k":"{kind}","j":{_jstr(lease.job)},"r":{_jstr(lease.run_id)},"a":{at!r},'
+                f'"d":{data},"duration":'
+            )
+            fast = [lease.run_id, lease.job, ending + "}", record, repr(at), _ordhex(at), kind]
+            reply = self._eval(self._release, keys, fast)
+            if reply is not None:  # else a case only the general script handles
+                self._retain(lease.job, reply[2])
+                return Finished(owned=reply[0] == 1, recorded=reply[1] == 1)
         args = [
             _pack(
                 lease.run_id,
                 lease.job,
                 lease.key,
-                end.outcome.event.value,
+                kind,
                 ending,
                 repr(at),
                 _ordhex(at),
@@ -1355,6 +1510,31 @@ def _resp(parts: list[str]) -> bytes:
         data = part.encode()
         out += (b"$%d\r\n" % len(data), data, b"\r\n")
     return b"".join(out)
+
+
+_PLAIN = re.compile(r"[ !#-\[\]-~]*")
+"""Printable ASCII but the quote and the backslash: a JSON string as it is."""
+
+
+def _jstr(text: str) -> str:
+    """``text`` as a JSON string; most texts here (job names, run ids) need
+    no escaping, and skipping ``json.dumps`` for them is most of the cost."""
+    return f'"{text}"' if _PLAIN.fullmatch(text) else json.dumps(text)
+
+
+def _retention(runs_per_job: int, events_per_job: int) -> dict[str, int]:
+    """The retention constants the scripts are written with. Trims go in
+    batches so that most calls only count; a job's retention is checked
+    every ``check`` events written, so each limit is exceeded by at most
+    that many between checks (exact when a limit is below 16)."""
+    runs_batch, events_batch = min(32, runs_per_job // 8), min(32, events_per_job // 8)
+    return {
+        "runs_max": runs_per_job,
+        "events_max": events_per_job,
+        "runs_batch": runs_batch,
+        "events_batch": events_batch,
+        "check": max(1, min(runs_batch, events_batch)),
+    }
 
 
 def _pack(*fields: str) -> str:
