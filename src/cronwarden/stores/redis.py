@@ -291,8 +291,14 @@ end
 -- by flush), the live key, the open entry, the run's index entry and
 -- `started`. new: whether this is the run's first event (see add_event).
 local function start_run(lk, livek, openk, index, s, ts, extra, new)
+  -- rec and hold: the run's record but its end, and its description in a
+  -- skipped record, for the fast scripts (valid while recfor is the token).
+  local rec = '{"job":' .. jstr(s.job) .. ',"key":' .. jstr(s.key) .. ',"host":' .. jstr(s.host) .. ',"pid":'
+    .. s.pid .. ',"token":' .. ts .. ',"slot":' .. s.slot .. ',"started_at":' .. s.at .. ','
+  local hold = '"holder_run_id":' .. jstr(s.run_id) .. ',"holder_host":' .. jstr(s.host) .. ',"holder_pid":'
+    .. s.pid .. ',"holder_started_at":' .. s.at .. ',"holder_token":' .. ts
   LEASE = {lk, 'owner', s.run_id, 'token', ts, 'job', s.job, 'host', s.host, 'pid', s.pid,
-    'started', s.at, 'slot', s.slot, 'revoked_by', '', unpack(extra)}
+    'started', s.at, 'slot', s.slot, 'revoked_by', '', 'recfor', ts, 'rec', rec, 'hold', hold, unpack(extra)}
   LEASE.run_id, LEASE.linked = s.run_id, new
   redis.call('SET', livek, s.run_id, 'PX', s.ttl_ms)
   redis.call('HSET', openk, s.run_id, s.key)
@@ -452,20 +458,17 @@ return {1, recorded}
 )
 
 # The two fast paths. Most cycles are a start on a free lease and a plain
-# release, and most refusals a skip; for these, the scripts above spend more
-# on Lua (splitting the packed argument, building records from parts, the
-# generic flush, defining the trim functions) than on their Redis calls. The
-# fast scripts make the same writes, in the same layout, from texts the
-# client prepares, and return the job's event counter: when it reaches a
-# multiple of CHECK, the client sends _TRIM (retention as the general
-# scripts apply it, one call in CHECK). A grant stores
-# in the lease hash, beside the run's start, its run record and its holder
-# description with the token in place (``rec`` and ``hold``, valid for the
-# run named by ``recfor``), so the release and a skip only append. Anything
-# else (a lease whose owner expired, a lease the general scripts granted,
-# another policy, a queued ``then``, a side lease) returns false, and the
-# client sends the general script: the fast scripts decide nothing the
-# general ones would decide differently.
+# release, and most refusals a skip. The fast scripts make the writes the
+# general ones make in these cases, in the same layout, with less Lua: the
+# client sends the records' texts (no packed argument to split, no generic
+# flush, no trim functions to define), and every grant keeps in the lease
+# hash the run's record but its end (``rec``) and its description in a
+# skipped record (``hold``), valid while ``recfor`` is the lease's token, so
+# a release or a skip only appends. They return the job's event counter:
+# at a multiple of CHECK the client sends _TRIM. Any other case (an owner
+# whose lease expired, ``rec`` or ``hold`` missing or of an earlier grant,
+# another policy, a queued ``then``, a side lease) returns false before any
+# write, and the client sends the general script.
 
 _GRANT_OR_SKIP = r"""
 -- KEYS: as _ACQUIRE's first 8. ARGV: 1 run id, 2 ttl ms, 3 the server's run id, 4 job, 5 key, 6 at,
@@ -476,14 +479,17 @@ local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'recfor', 'hold'
 local owner = h[1]
 if owner then
   local pttl = redis.call('PTTL', KEYS[2])
-  if pttl == -2 or h[4] ~= owner then return false end
+  -- Expired: the general script records the owner abandoned. hold missing or
+  -- not of this grant (recfor is the token that wrote it): the general script.
+  if pttl == -2 or h[4] ~= h[2] or not h[5] or not tonumber(h[8]) then return false end
+  local age = string.format('%.3f', tonumber(ARGV[6]) - tonumber(h[8]))
+  local record = ARGV[13] .. h[5] .. ',"holder_age":' .. age .. ARGV[14]
   local seq = string.format('%012d', redis.call('HINCRBY', KEYS[6], 'seq', 1))
-  redis.call('HSET', KEYS[6], seq, ARGV[13] .. h[5] .. ',"holder_age":'
-    .. string.format('%.3f', tonumber(ARGV[6]) - tonumber(h[8])) .. ARGV[14], 'r:' .. ARGV[1], seq)
+  redis.call('HSET', KEYS[6], seq, record, 'r:' .. ARGV[1], seq)
   redis.call('ZADD', KEYS[5], 0, '@|' .. ARGV[7] .. '|' .. seq .. '|skipped|' .. ARGV[1],
     0, 'skipped|' .. ARGV[7] .. '|' .. seq)
   local n = redis.call('HINCRBY', KEYS[8], ARGV[4], 1)
-  return {'R', 'skipped', owner, h[6], h[7], h[8], h[2], pttl, n}
+  return {'R', 'skipped', owner, h[6] or '?', h[7] or '0', h[8], h[2], pttl, n}
 end
 -- The fencing rule of the module docstring, as grant() applies it.
 local t = redis.call('TIME')
@@ -501,7 +507,7 @@ local seq = string.format('%012d', redis.call('HINCRBY', KEYS[6], 'seq', 1))
 redis.call('HSET', KEYS[6], seq, ARGV[8] .. ts .. ARGV[9], 'r:' .. ARGV[1], seq)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', ts, 'job', ARGV[4], 'host', ARGV[15], 'pid', ARGV[16],
   'started', ARGV[6], 'slot', ARGV[17], 'revoked_by', '', 'srv', ARGV[3], 'exp', exp, 'rseq', seq,
-  'recfor', ARGV[1], 'rec', ARGV[10] .. ts .. ARGV[11], 'hold', ARGV[12] .. ts)
+  'recfor', ts, 'rec', ARGV[10] .. ts .. ARGV[11], 'hold', ARGV[12] .. ts)
 redis.call('ZADD', KEYS[5], 0, '#|' .. ARGV[7] .. '|' .. ARGV[1],
   0, '@|' .. ARGV[7] .. '|' .. seq .. '|started|' .. ARGV[1], 0, 'started|' .. ARGV[7] .. '|' .. seq)
 return {'G', ts, '', redis.call('HINCRBY', KEYS[8], ARGV[4], 1)}
@@ -510,15 +516,25 @@ return {'G', ts, '', redis.call('HINCRBY', KEYS[8], ARGV[4], 1)}
 _RELEASE = r"""
 -- KEYS: as _FINISH's first 8. ARGV: 1 run id, 2 job, 3 the run record's end, 4 the terminal record up to
 -- its duration, 5 at, 6 athex, 7 kind
-local h = redis.call('HMGET', KEYS[1], 'owner', 'recfor', 'rec', 'started', 'rseq')
+local h = redis.call('HMGET', KEYS[1], 'owner', 'recfor', 'rec', 'started', 'rseq', 'token')
 if h[1] ~= ARGV[1] then return {0, 0, 0} end
-if h[2] ~= ARGV[1] or not h[5] or h[5] == '' then return false end
+-- rec missing or not of this grant (recfor is the token that wrote it): the general script.
+if h[2] ~= h[6] or not h[3] or not tonumber(h[4]) then return false end
+-- Every text before the first write: nothing below can fail half-way.
+local record = ARGV[4] .. string.format('%.6f', tonumber(ARGV[5]) - tonumber(h[4])) .. '}}'
+local run = h[3] .. ARGV[3]
 local recorded = 0
 if redis.call('HDEL', KEYS[3], ARGV[1]) == 1 then
-  redis.call('HSET', KEYS[4], ARGV[1], h[3] .. ARGV[3])
+  redis.call('HSET', KEYS[4], ARGV[1], run)
   local seq = string.format('%012d', redis.call('HINCRBY', KEYS[6], 'seq', 1))
-  local duration = string.format('%.6f', tonumber(ARGV[5]) - tonumber(h[4]))
-  redis.call('HSET', KEYS[6], seq, ARGV[4] .. duration .. '}}', 'r:' .. ARGV[1], h[5] .. ',' .. seq)
+  -- The run's link (see add_event): its field, or, for a run whose start was
+  -- handed over, the run id index.
+  if h[5] and h[5] ~= '' then
+    redis.call('HSET', KEYS[6], seq, record, 'r:' .. ARGV[1], h[5] .. ',' .. seq)
+  else
+    redis.call('HSET', KEYS[6], seq, record)
+    redis.call('ZADD', KEYS[7], 0, ARGV[1] .. '|' .. seq)
+  end
   redis.call('ZADD', KEYS[5], 0, '@|' .. ARGV[6] .. '|' .. seq .. '|' .. ARGV[7] .. '|' .. ARGV[1],
     0, ARGV[7] .. '|' .. ARGV[6] .. '|' .. seq)
   recorded = 1
