@@ -1,0 +1,90 @@
+"""The Redis store's guarded cycle against the same store at an earlier
+commit, paired: both against the raw floor of ``redis_lease.py`` (``SET NX
+PX`` + Lua compare-and-delete) in the same interleaved rounds. One run of
+``redis_lease.py`` cannot tell a 0.1x change from its noise; this can.
+
+The earlier store is ``src/cronwarden/stores/redis.py`` at ``--against``
+(``git show``), loaded as a module of its own beside the current one; both
+use the current rest of the package, so only the store differs.
+
+    python bench/redis_ab.py --against 774986a        # about 60 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from comparison import Candidate, interleave, print_footer, print_header, print_table, rows
+from redis_lease import FULL, REDIS_URL, TTL, Floor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def store_at(commit: str, url: str) -> Any:
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:src/cronwarden/stores/redis.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / f"redis_store_{commit}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module.RedisStore.from_url(url)
+
+
+def cycle(store: Any) -> Any:
+    from cronwarden.events import Outcome, new_id
+    from cronwarden.stores.base import End, Granted, Start
+
+    def op() -> None:
+        start = Start(job="ab", key="ab", run_id=new_id(), host="bench", pid=1, ttl=TTL, at=time.time())
+        granted = store.acquire(start)
+        assert isinstance(granted, Granted), "lease refused: another holder?"
+        store.finish(granted.lease, End(outcome=Outcome.SUCCEEDED, at=time.time(), exit_code=0))
+
+    return op
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--against", required=True, metavar="COMMIT", help="the earlier commit, e.g. 774986a")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    args = ap.parse_args()
+    from cronwarden.stores.redis import RedisStore
+
+    prefix = f"cw-bench-ab-{uuid.uuid4().hex[:8]}:"
+    print_header(f"Redis ({REDIS_URL}): the store's guarded cycle now and at {args.against}, paired")
+    floor = Floor(prefix)
+    old = store_at(args.against, f"{REDIS_URL}?prefix={prefix}old:")
+    new = RedisStore.from_url(f"{REDIS_URL}?prefix={prefix}new:")
+    try:
+        base = Candidate("floor: SET NX PX + Lua compare-and-delete", floor.cycle)
+        cands = [
+            Candidate(f"store at {args.against}: acquire + finish", cycle(old), target=FULL),
+            Candidate("store now: acquire + finish", cycle(new), target=FULL),
+        ]
+        started = time.monotonic()
+        n = interleave(base, cands, min_rounds=30, budget=args.seconds)
+        print_table("one guarded cycle on a kept connection", rows(base, cands))
+        print_footer(n, started)
+    finally:
+        for key in floor.client.scan_iter(match=f"{prefix}*", count=1000):
+            floor.client.delete(key)
+        old.close()
+        new.close()
+        floor.close()
+
+
+if __name__ == "__main__":
+    main()
