@@ -43,6 +43,7 @@ from cronwarden.commands.views import when as _when
 from cronwarden.errors import StoreError, StoreUnavailable, UsageError, mask_password
 from cronwarden.events import Event, EventKind
 from cronwarden.monitor import RESOLVED, JobStats, Monitor, Pass, Severity, Verdict
+from cronwarden.sinks.base import event_json
 from cronwarden.stores.base import EventQuery
 
 DEFAULT_LISTEN = ("127.0.0.1", 8370)
@@ -211,7 +212,7 @@ class Dashboard:
             since=since_at,
             limit=_int(query, "limit", 100, 1, EVENTS_MAX),
         )
-        return _json([_event(e) for e in events])
+        return _json([event_json(e) for e in events])
 
     def _metrics(self, _: str, query: Mapping[str, list[str]]) -> Response:
         from cronwarden.metrics import exposition
@@ -643,15 +644,3 @@ def _int(query: Mapping[str, list[str]], name: str, default: int, low: int, high
     if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise BadRequest(f"{name}={text!r}: expected a whole number from {low} to {high}")
     return int(text)
-
-
-def _event(e: Event) -> dict[str, Any]:
-    return {
-        "seq": e.seq,
-        "event_id": e.event_id,
-        "kind": e.kind.value,
-        "job": e.job,
-        "run_id": e.run_id,
-        "at": e.at,
-        "data": dict(e.data),
-    }
