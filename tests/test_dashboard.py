@@ -13,6 +13,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -383,7 +385,7 @@ def test_the_server_answers_over_http_and_stops_on_sigterm(
         (["--listen", "127.0.0.1:99999"], "expected HOST:PORT"),
         (["--refresh", "soon"], "--refresh must be a duration"),
         (["--runs", "0"], "--runs"),
-        (["--refresh", "500ms"], "--refresh must be 0 (never) or at least 1s, got 0.5s"),
+        (["--refresh", "500ms"], "--refresh must be 0 (never) or at least 1s, got '500ms'"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(
@@ -434,3 +436,51 @@ def test_help_names_every_page(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for path in ("/jobs/NAME", "/api/jobs", "/api/events", "/metrics", "/healthz"):
         assert path in out
+
+
+def test_monitor_listen_serves_the_findings_its_own_loop_records(tmp_path: Path) -> None:
+    """``cronwarden monitor --listen``: one process records findings in its
+    loop and serves them; the dashboard shows what the loop wrote."""
+    store = f"sqlite:///{tmp_path / 'cw.db'}"
+    with open_store(store) as ledger:
+        t = aligned(time.time() - 86400)
+        describe(ledger, CREEPING, at=t)
+        for i in range(5):  # 9 minutes of a 10-minute period: slow
+            run(ledger, CREEPING, t + i * PERIOD, 540.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cronwarden", "monitor", "--store", store, "--listen", "127.0.0.1:0",
+         "--interval", "1s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stderr, selectors.EVENT_READ)  # type: ignore[arg-type]
+        assert sel.select(timeout=20), "monitor printed no dashboard address within 20 s"
+        found = re.search(r"dashboard on (http://127\.0\.0\.1:\d+/)", proc.stderr.readline())  # type: ignore[union-attr]
+        assert found
+        url = found.group(1)
+        deadline = time.monotonic() + 20
+        raised: list[Any] = []
+        while not raised and time.monotonic() < deadline:
+            with urllib.request.urlopen(url + "api/events?kind=slow", timeout=10) as r:
+                raised = [e for e in json.load(r) if e["data"].get("state") == "raised"]
+            if not raised:
+                threading.Event().wait(0.2)  # the loop's first pass is under way
+        assert raised and raised[0]["job"] == CREEPING
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert 'class="badge at-risk">at risk<' in r.read().decode()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 130
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_monitor_listen_refuses_once_and_a_bad_address(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path / 'cw.db'}"
+    assert cli.main(["monitor", "--store", store, "--listen", "127.0.0.1:0", "--once"]) == 2
+    assert "--listen serves while the monitor loops: drop --once" in capsys.readouterr().err
+    assert cli.main(["monitor", "--store", store, "--listen", "nowhere"]) == 2
+    assert "expected HOST:PORT" in capsys.readouterr().err

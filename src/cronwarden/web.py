@@ -398,6 +398,25 @@ def serve(
     or an exception raised by a signal handler). ``ready`` gets the URL once
     the socket listens (port 0 picks a free one). Raises ``UsageError`` when
     the address cannot be bound."""
+    server = bind(dashboard, host, port, log=log)
+    try:
+        ready(url_of(server))
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+
+
+def url_of(server: ThreadingHTTPServer) -> str:
+    host, port = str(server.server_address[0]), server.server_address[1]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def bind(
+    dashboard: Dashboard, host: str, port: int, *, log: Callable[[str], None] | None = None
+) -> ThreadingHTTPServer:
+    """A server for ``dashboard``, listening on ``host:port`` (``serve_forever``
+    to answer; ``shutdown`` from another thread and ``server_close`` to stop).
+    Raises ``UsageError`` when the address cannot be bound."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "cronwarden"
@@ -461,15 +480,9 @@ def serve(
             log(f"{client_address[0]}: request failed: {type(error).__name__}: {error}")
 
     try:
-        server = Server((host, port), Handler)
+        return Server((host, port), Handler)
     except OSError as e:
         raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    try:
-        bound_port = server.server_address[1]
-        ready(f"http://[{host}]:{bound_port}/" if ":" in host else f"http://{host}:{bound_port}/")
-        server.serve_forever(poll_interval=0.5)
-    finally:
-        server.server_close()
 
 
 # -- rendering helpers ----------------------------------------------------

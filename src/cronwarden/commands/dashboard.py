@@ -29,7 +29,6 @@ does that). It has no login: listen on loopback (the default) or behind a proxy 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from cronwarden.cli import duration
     from cronwarden.commands.monitor import _add_window_flags
 
     p.description = (
@@ -37,15 +36,26 @@ def configure(p: argparse.ArgumentParser) -> None:
         "durations against its period, with the same data as JSON and Prometheus /metrics."
     )
     p.epilog = EPILOG
-    p.add_argument("--listen", type=_address, default="127.0.0.1:8370", metavar="HOST:PORT",
+    p.add_argument("--listen", type=address, default="127.0.0.1:8370", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8370; port 0 picks a free one)")  # fmt: skip
-    p.add_argument("--refresh", type=duration("--refresh", allow_zero=True), default=30.0, metavar="DURATION",
+    p.add_argument("--refresh", type=refresh, default=30.0, metavar="DURATION",
                    help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     _add_window_flags(p)
 
 
-def _address(text: str) -> tuple[str, int]:
+def refresh(text: str) -> float:
+    """An argparse ``type`` for ``--refresh``: 0 (never), or at least a second."""
+    from cronwarden.cli import duration
+
+    seconds = duration("--refresh", allow_zero=True)(text)
+    if 0 < seconds < 1:
+        raise UsageError(f"--refresh must be 0 (never) or at least 1s, got {text!r}")
+    return seconds
+
+
+def address(text: str) -> tuple[str, int]:
+    """An argparse ``type`` for ``--listen HOST:PORT``."""
     host, sep, port = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
@@ -59,8 +69,6 @@ def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     from cronwarden.stores import open_store
     from cronwarden.web import Dashboard, serve
 
-    if 0 < args.refresh < 1:
-        raise UsageError(f"--refresh must be 0 (never) or at least 1s, got {args.refresh:g}s")
     url = store_url(args)
     if url.startswith("sqlite:"):
         from cronwarden.stores.sqlite import path_of

@@ -5,11 +5,13 @@ path."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
@@ -288,6 +290,13 @@ def configure_monitor(p: argparse.ArgumentParser) -> None:
                    help="time between passes (default 30s)")  # fmt: skip
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    from cronwarden.commands.dashboard import address, refresh
+
+    p.add_argument("--listen", type=address, metavar="HOST:PORT",
+                   help="also serve the dashboard, its JSON API and /metrics here (see cronwarden "
+                   "dashboard --help), from this process")  # fmt: skip
+    p.add_argument("--refresh", type=refresh, default=30.0, metavar="DURATION",
+                   help="with --listen: how often the pages reload (default 30s; 0: never)")  # fmt: skip
     _add_window_flags(p)
 
 
@@ -375,18 +384,47 @@ def _stamp(t: float) -> str:
 
 
 def main_monitor(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
+    if args.listen and args.once:
+        raise UsageError("--listen serves while the monitor loops: drop --once")
     store = _store(args, clock)
     try:
         monitor = _monitor(args, store, clock)
         out = open("/dev/null", "w") if args.quiet else sys.stdout  # noqa: SIM115
         try:
             flush = outbox_flusher(store, args, clock)
-            return watch(monitor, interval=args.interval, once=args.once, out=out, flush=flush)
+            with _dashboard(args, clock):
+                return watch(monitor, interval=args.interval, once=args.once, out=out, flush=flush)
         finally:
             if args.quiet:
                 out.close()
     finally:
         store.close()
+
+
+@contextlib.contextmanager
+def _dashboard(args: Any, clock: Clock) -> Iterator[None]:
+    """With ``--listen``: the dashboard served from a thread while the loop
+    runs, on a store of its own (the loop's is used by one thread)."""
+    if not args.listen:
+        yield
+        return
+    from cronwarden.web import Dashboard, bind, url_of
+
+    dashboard = Dashboard(_monitor(args, _store(args, clock), clock), refresh=args.refresh)
+    try:
+        host, port = args.listen
+        server = bind(dashboard, host, port)
+        print(f"cronwarden monitor: dashboard on {url_of(server)}", file=sys.stderr, flush=True)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
+                                  name="cronwarden-dashboard", daemon=True)  # fmt: skip
+        thread.start()
+        try:
+            yield
+        finally:
+            server.shutdown()
+            server.server_close()
+    finally:
+        dashboard.close()
 
 
 # -- metrics ------------------------------------------------------------------
