@@ -1019,4 +1019,6 @@ def _store_error(path: str, e: sqlite3.Error) -> StoreError:
         return StoreError(f"{path} is not a usable cronwarden SQLite database ({text})")
     if "readonly" in text or "unable to open" in text:
         return StoreError(f"cannot write SQLite store {path} ({text}); check its permissions")
+    if isinstance(e, sqlite3.IntegrityError):  # a request the ledger refuses: no retry will do
+        return StoreError(f"SQLite store {path} refused the write: {text}")
     return StoreUnavailable(f"SQLite store {path}: {text}")
