@@ -470,8 +470,9 @@ def test_monitor_listen_serves_the_findings_its_own_loop_records(tmp_path: Path)
         with urllib.request.urlopen(url, timeout=10) as r:
             assert 'class="badge at-risk">at risk<' in r.read().decode()
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 130
+        proc.send_signal(signal.SIGTERM)  # as a service manager stops it: a clean exit
+        assert proc.wait(timeout=10) == 0
+        assert "Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
 
@@ -484,3 +485,5 @@ def test_monitor_listen_refuses_once_and_a_bad_address(
     assert "--listen serves while the monitor loops: drop --once" in capsys.readouterr().err
     assert cli.main(["monitor", "--store", store, "--listen", "nowhere"]) == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
+    assert cli.main(["monitor", "--store", store, "--refresh", "10s"]) == 2
+    assert "--refresh is how often the dashboard's pages reload: give --listen too" in capsys.readouterr().err

@@ -181,3 +181,25 @@ def test_cli_report_describe_saves_schedule_policy_and_reason(store: Store, stor
     assert (info.name, info.schedule, info.grace, info.policy, info.reason) == (
         JOB, "CRON_TZ=UTC */15 * * * *", 300.0, "skip", "one file per window",
     )  # fmt: skip
+
+
+def test_a_start_that_loses_a_race_for_its_run_id_reports_already_started(
+    store: Store, reporter: Reporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``report start --run-id X`` at once: both find no run X, one
+    acquires, the other's acquire is refused by the store (SQLite,
+    PostgreSQL: the run row exists) or lands on the same lease (Redis).
+    Either way the second answers "already started", exit 0."""
+    first = reporter.start("export", "11111111-2222-3333-4444-555555555555")
+    real_run = store.run
+    calls = []
+
+    def not_yet(run_id: str) -> object:  # the second start's check ran before the first wrote
+        calls.append(run_id)
+        return None if len(calls) == 1 else real_run(run_id)
+
+    monkeypatch.setattr(store, "run", not_yet)
+    second = reporter.start("export", first.run_id)
+    assert second.already_started
+    [run] = [r for r in store.runs("export", 10) if r.run_id == first.run_id]
+    assert run.outcome is None

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
-from cronwarden.errors import UsageError
+from cronwarden.errors import StoreError, UsageError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
@@ -110,13 +110,21 @@ class Reporter:
         if info is None:  # so the monitor lists the job even between its runs
             self.store.save_job(JobInfo(name=job, updated_at=now))
         default_ttl, slot = self._ttl(info, now)
-        result = self.store.acquire(
-            Start(
-                job=job, key=f"{job}+{run_id}", run_id=run_id, host=self.host,
-                pid=os.getppid() if pid is None else pid, ttl=ttl or default_ttl, at=now,
-                policy=Policy.ALLOW, slot=slot,
-            )
-        )  # fmt: skip
+        try:
+            result = self.store.acquire(
+                Start(
+                    job=job, key=f"{job}+{run_id}", run_id=run_id, host=self.host,
+                    pid=os.getppid() if pid is None else pid, ttl=ttl or default_ttl, at=now,
+                    policy=Policy.ALLOW, slot=slot,
+                )
+            )  # fmt: skip
+        except StoreError:
+            # The same run id started by another call since the check above
+            # (the store refuses a second run row): that start stands.
+            raced = self.store.run(run_id)
+            if raced is None or raced.job != job:
+                raise
+            return Reported(run_id=run_id, already_started=True)
         if not isinstance(result, Granted):  # a fresh key is always free; say so loudly if not
             raise UsageError(f"run id {run_id} of {job!r} could not be recorded: {result}")
         abandoned: list[str] = []

@@ -738,3 +738,26 @@ def test_a_skip_start_on_an_expired_lease_falls_back_and_records_the_dead_run_ab
         assert store.run(dead.run_id).outcome is Outcome.ABANDONED  # type: ignore[union-attr]
         assert store.finish(taken.lease, end()).recorded
         assert sent[-1] == "_release"
+
+
+def test_the_kept_connection_is_kept_when_its_socket_is_above_fd_1024(shared_url: str) -> None:
+    """The idle check must not take a socket select() cannot watch for a
+    dead one: a process with many files open would reconnect on every call."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"needs 1,200 open files, the limit is {soft}")
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with open_store(shared_url) as store:
+            store.record(Event(kind=EventKind.SLOW, job="fds", at=time.time()))
+            conn = store._kept[0]  # type: ignore[attr-defined]
+            sock = conn._sock
+            assert sock.fileno() >= 1024
+            for _ in range(20):
+                store.record(Event(kind=EventKind.SLOW, job="fds", at=time.time()))
+            assert store._kept[0] is conn and conn._sock is sock  # type: ignore[attr-defined]
+    finally:
+        for fd in held:
+            os.close(fd)

@@ -30,6 +30,7 @@ does that). It has no login: listen on loopback (the default) or behind a proxy 
 
 def configure(p: argparse.ArgumentParser) -> None:
     from cronwarden.commands.monitor import _add_window_flags
+    from cronwarden.web import DEFAULT_REFRESH
 
     p.description = (
         "Serve a read-only web dashboard of the ledger: verdicts, findings, open runs, each job's "
@@ -38,7 +39,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.add_argument("--listen", type=address, default="127.0.0.1:8370", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8370; port 0 picks a free one)")  # fmt: skip
-    p.add_argument("--refresh", type=refresh, default=30.0, metavar="DURATION",
+    p.add_argument("--refresh", type=refresh, default=DEFAULT_REFRESH, metavar="DURATION",
                    help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     _add_window_flags(p)

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import signal
 import sys
 import threading
 import time
@@ -295,7 +296,7 @@ def configure_monitor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", type=address, metavar="HOST:PORT",
                    help="also serve the dashboard, its JSON API and /metrics here (see cronwarden "
                    "dashboard --help), from this process")  # fmt: skip
-    p.add_argument("--refresh", type=refresh, default=30.0, metavar="DURATION",
+    p.add_argument("--refresh", type=refresh, metavar="DURATION",
                    help="with --listen: how often the pages reload (default 30s; 0: never)")  # fmt: skip
     _add_window_flags(p)
 
@@ -383,9 +384,20 @@ def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
+class _Stop(Exception):
+    """SIGTERM: the loop ends, the dashboard stops, the stores close."""
+
+
 def main_monitor(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     if args.listen and args.once:
         raise UsageError("--listen serves while the monitor loops: drop --once")
+    if args.refresh is not None and not args.listen:
+        raise UsageError("--refresh is how often the dashboard's pages reload: give --listen too")
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop
+
+    previous = signal.signal(signal.SIGTERM, stop)
     store = _store(args, clock)
     try:
         monitor = _monitor(args, store, clock)
@@ -397,7 +409,10 @@ def main_monitor(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
         finally:
             if args.quiet:
                 out.close()
+    except _Stop:
+        return 0
     finally:
+        signal.signal(signal.SIGTERM, previous)
         store.close()
 
 
@@ -408,12 +423,22 @@ def _dashboard(args: Any, clock: Clock) -> Iterator[None]:
     if not args.listen:
         yield
         return
-    from cronwarden.web import Dashboard, bind, url_of
+    from cronwarden.web import DEFAULT_REFRESH, Dashboard, bind, url_of
 
-    dashboard = Dashboard(_monitor(args, _store(args, clock), clock), refresh=args.refresh)
+    store = _store(args, clock)
+    try:
+        refresh = DEFAULT_REFRESH if args.refresh is None else args.refresh
+        dashboard = Dashboard(_monitor(args, store, clock), refresh=refresh)
+    except BaseException:
+        store.close()
+        raise
     try:
         host, port = args.listen
-        server = bind(dashboard, host, port)
+
+        def log(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+        server = bind(dashboard, host, port, log=None if args.quiet else log)
         print(f"cronwarden monitor: dashboard on {url_of(server)}", file=sys.stderr, flush=True)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                   name="cronwarden-dashboard", daemon=True)  # fmt: skip

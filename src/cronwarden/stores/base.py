@@ -44,10 +44,11 @@ script) and, on the network backends, one round trip:
     Returns ``Finished``.
 
 ``record(event)``
-    Append an event to the ledger, once per ``event_id``: recording an id
-    the ledger already holds changes nothing and is no error, so a call
-    retried after its reply was lost cannot write the event twice (G9: the
-    sinks deduplicate by the same id). On Redis a repeat is recognised for
+    Append an event to the ledger, once per ``event_id``: recording again
+    an event ``record`` wrote changes nothing and is no error, so a call
+    retried after its reply was lost cannot write it twice (G9: the sinks
+    deduplicate by the same id). On SQLite and PostgreSQL this holds for
+    any id in the ledger; on Redis for the ids ``record`` wrote within
     ``RECORDED_IDS_KEPT`` seconds (a day), the time a retry could take.
 
 The bare lock: a fenced lease with no ledger, one round trip per call, for

@@ -378,6 +378,9 @@ local data = '{"holder_run_id":' .. jstr(owner) .. ',"holder_host":' .. jstr(hho
   .. ',"slot":' .. s.slot .. ',"host":' .. jstr(s.host) .. ',"pid":' .. s.pid .. ',"policy":' .. jstr(policy)
 
 if policy == 'allow' then
+  -- The run holds this lease already (a second start of the same run id):
+  -- refused as the SQL stores refuse a second run row, before any write.
+  if owner == s.run_id then return redis.error_reply('run ' .. s.run_id .. ' has already started') end
   local side = {}
   for k, v in pairs(s) do side[k] = v end
   side.key = a[15]
@@ -946,15 +949,20 @@ class RedisStore(Store):
         # data is replaced, so the next call works. Between calls nothing is
         # owed on this connection (a call that failed half-way disconnected
         # it), so a socket with anything to read has been closed or holds
-        # stray data; a zero-timeout select asks that at a tenth of the CPU
-        # of redis-py's can_read.
+        # stray bytes: a zero-timeout poll of the socket asks that at a
+        # fraction of the CPU of redis-py's can_read (which also looks into
+        # its own buffer, empty here after whole replies). A connection class
+        # with no socket of its own (a wrapper) gets can_read.
         sock = getattr(conn, "_sock", None)
-        if sock is None:
-            conn.connect()  # raises when the server cannot be reached
-            return conn
         try:
-            stale = bool(select.select([sock], [], [], 0)[0])
-        except (OSError, ValueError):
+            if sock is None:
+                conn.connect()  # a no-op when connected; raises when the server cannot be reached
+                stale = bool(conn.can_read())
+            else:
+                poll = select.poll()
+                poll.register(sock, select.POLLIN)
+                stale = bool(poll.poll(0))
+        except (RedisConnectionError, RedisTimeoutError, OSError, ValueError):
             stale = True
         if stale:
             conn.disconnect()
