@@ -397,8 +397,8 @@ def main_monitor(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     def stop(signum: int, frame: Any) -> None:
         raise _Stop
 
-    previous = signal.signal(signal.SIGTERM, stop)
     store = _store(args, clock)
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         monitor = _monitor(args, store, clock)
         out = open("/dev/null", "w") if args.quiet else sys.stdout  # noqa: SIM115
