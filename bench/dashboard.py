@@ -156,20 +156,9 @@ class Ledger:
             conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
 
     def _delete_keys(self) -> None:
-        import redis
+        from redis_lease import cleanup
 
-        client = redis.Redis.from_url(self.base)
-        try:
-            batch = []
-            for key in client.scan_iter(match=f"{self.prefix}*", count=1000):
-                batch.append(key)
-                if len(batch) >= 1000:
-                    client.delete(*batch)
-                    batch.clear()
-            if batch:
-                client.delete(*batch)
-        finally:
-            client.close()
+        cleanup(self.prefix, self.base)
 
 
 def _split(url: str, *, drop: str) -> tuple[str, list[tuple[str, str]]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from comparison import Candidate, interleave, print_footer, print_header, print_table, rows
-from redis_lease import FULL, REDIS_URL, TTL, Floor
+from redis_lease import FULL, REDIS_URL, TTL, Floor, cleanup
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,8 +79,7 @@ def main() -> None:
         print_table("one guarded cycle on a kept connection", rows(base, cands))
         print_footer(n, started)
     finally:
-        for key in floor.client.scan_iter(match=f"{prefix}*", count=1000):
-            floor.client.delete(key)
+        cleanup(prefix)
         old.close()
         new.close()
         floor.close()

@@ -32,7 +32,7 @@ import time
 import uuid
 
 from comparison import Candidate, interleave, print_footer, print_header, print_table, rows
-from redis_lease import FULL, REDIS_URL, TTL_MS, Floor, MinimalLedger
+from redis_lease import FULL, REDIS_URL, TTL_MS, Floor, MinimalLedger, cleanup
 
 LEAN_ACQUIRE = """
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv')
@@ -106,8 +106,7 @@ def main() -> None:
         print_table("uncontended: one acquire+release cycle on a kept connection", rows(base, cands))
         print_footer(n, started)
     finally:
-        for key in floor.client.scan_iter(match=f"{prefix}*", count=1000):
-            floor.client.delete(key)
+        cleanup(prefix)
         lean.close()
         minimal.close()
 

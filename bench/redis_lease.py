@@ -464,10 +464,11 @@ def profile(prefix: str, cycles: int) -> None:
     store.close()
 
 
-def cleanup(prefix: str) -> None:
+def cleanup(prefix: str, url: str = REDIS_URL) -> None:
+    """Delete every key under ``prefix`` (the benches' own, random prefixes)."""
     import redis
 
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(url)
     try:
         batch = []
         for key in client.scan_iter(match=prefix.replace("*", r"\*") + "*", count=1000):
