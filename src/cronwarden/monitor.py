@@ -556,6 +556,8 @@ class Pass:
     resolved: tuple[Event, ...]
     abandoned: tuple[str, ...] = ()
     """Runs this pass recorded ``abandoned`` (lease expired, no terminal record)."""
+    open_runs: tuple[RunRecord, ...] = ()
+    """The runs open when the pass began, on every host (``Store.open_runs``)."""
 
     @property
     def severity(self) -> Severity:
@@ -813,7 +815,7 @@ class Monitor:
                 self.store.record(event)
         return Pass(
             at=now, stats=tuple(all_stats), active=tuple(active), raised=tuple(raised),
-            resolved=tuple(resolved), abandoned=tuple(abandoned),
+            resolved=tuple(resolved), abandoned=tuple(abandoned), open_runs=tuple(opened),
         )  # fmt: skip
 
     def _still_abandoned(self, run_id: str) -> bool:

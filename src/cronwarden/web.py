@@ -15,9 +15,8 @@
 ``Response`` out), so tests call it without a socket; ``serve`` puts it
 behind the standard library's ``ThreadingHTTPServer``. No web framework: the
 pages are small and their readers few, and the cron wrapper's dependencies
-stay what they are. Every reading goes through one ``Monitor`` and one
-store, used by one request at a time (the lock): the SQLite and PostgreSQL
-stores hold one connection each.
+stay what they are. Every reading goes through one ``Monitor`` and its store,
+one page at a time (see ``Dashboard``).
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -46,7 +46,6 @@ from cronwarden.monitor import RESOLVED, JobStats, Monitor, Pass, Severity, Verd
 from cronwarden.sinks.base import event_json
 from cronwarden.stores.base import EventQuery
 
-DEFAULT_LISTEN = ("127.0.0.1", 8370)
 DEFAULT_REFRESH = 30.0
 BODY_MAX = 65536
 """A request body up to this size is read and dropped; a larger one closes
@@ -78,9 +77,8 @@ class NotFound(UsageError):
 
 
 class Dashboard:
-    """Pages and JSON over one ``Monitor`` (and its store, which the caller
-    owns and closes). ``refresh``: seconds between the pages' reloads (0:
-    never)."""
+    """Pages and JSON over one ``Monitor`` and its store (``close`` closes
+    it). ``refresh``: seconds between the pages' reloads (0: never)."""
 
     def __init__(self, monitor: Monitor, *, refresh: float = DEFAULT_REFRESH) -> None:
         self.monitor = monitor
@@ -232,10 +230,8 @@ class Dashboard:
         result = self._pass()
         t = self.monitor.thresholds
         now = result.at
-        counts: dict[str, int] = {}
-        for s in result.stats:
-            counts[s.verdict(t).value] = counts.get(s.verdict(t).value, 0) + 1
-        runs = open_runs(self.store)
+        counts = Counter(s.verdict(t) for s in result.stats)
+        runs = open_runs(self.store, runs=result.open_runs)  # the pass read them
         chips = [f'<span class="chip {_css(v)}">{counts[v]} {_h(v)}</span>' for v in Verdict if v in counts]
         summary = " ".join(chips) or '<span class="chip">no jobs yet</span>'
         summary += f' <span class="chip">{len(runs)} open run{"s" * (len(runs) != 1)}</span>'

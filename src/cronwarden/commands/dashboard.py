@@ -7,11 +7,15 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.errors import UsageError
+
+if TYPE_CHECKING:
+    from cronwarden.web import Dashboard
 
 EPILOG = """pages:
   /                every job's verdict, the findings that hold now, the open runs, the latest trouble
@@ -30,7 +34,6 @@ does that). It has no login: listen on loopback (the default) or behind a proxy 
 
 def configure(p: argparse.ArgumentParser) -> None:
     from cronwarden.commands.monitor import _add_window_flags
-    from cronwarden.web import DEFAULT_REFRESH
 
     p.description = (
         "Serve a read-only web dashboard of the ledger: verdicts, findings, open runs, each job's "
@@ -39,7 +42,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.add_argument("--listen", type=address, default="127.0.0.1:8370", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8370; port 0 picks a free one)")  # fmt: skip
-    p.add_argument("--refresh", type=refresh, default=DEFAULT_REFRESH, metavar="DURATION",
+    p.add_argument("--refresh", type=refresh, metavar="DURATION",
                    help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     _add_window_flags(p)
@@ -64,11 +67,14 @@ def address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
+def open_dashboard(args: Any, clock: Clock) -> Dashboard:
+    """The dashboard over ``args``' store (a connection of its own), window,
+    thresholds and config file; ``Dashboard.close`` closes the store. A store
+    that cannot be read is said now (exit 75, or 2), not on the first page."""
     from cronwarden.cli import store_url
     from cronwarden.commands.monitor import _monitor
     from cronwarden.stores import open_store
-    from cronwarden.web import Dashboard, serve
+    from cronwarden.web import DEFAULT_REFRESH, Dashboard
 
     url = store_url(args)
     if url.startswith("sqlite:"):
@@ -79,11 +85,27 @@ def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
             raise UsageError(f"no ledger at {path_of(url)}: give the --store your jobs write to")
     store = open_store(url, clock=clock)
     try:
-        store.jobs()  # unreachable (exit 75) or not a store (exit 2): say so now, not on the first page
-        dashboard = Dashboard(_monitor(args, store, clock), refresh=args.refresh)
+        store.jobs()
+        refresh = DEFAULT_REFRESH if args.refresh is None else args.refresh
+        return Dashboard(_monitor(args, store, clock), refresh=refresh)
     except BaseException:
         store.close()
         raise
+
+
+def request_log(args: Any) -> Callable[[str], None] | None:
+    """A line per request on stderr, unless ``--quiet``."""
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    return None if args.quiet else log
+
+
+def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
+    from cronwarden.web import serve
+
+    dashboard = open_dashboard(args, clock)
     host, port = args.listen
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -92,12 +114,9 @@ def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     def ready(url: str) -> None:
         print(f"cronwarden dashboard: {url} (Ctrl-C to stop)", flush=True)
 
-    def log(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        serve(dashboard, host, port, ready=ready, log=None if args.quiet else log)
+        serve(dashboard, host, port, ready=ready, log=request_log(args))
     except KeyboardInterrupt:
         pass
     finally:

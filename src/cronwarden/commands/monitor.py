@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.commands.views import dur as _dur
 from cronwarden.errors import StoreUnavailable, UsageError
 
 if TYPE_CHECKING:
@@ -117,12 +118,6 @@ def _monitor(args: Any, store: Store, clock: Clock) -> Monitor:
     from cronwarden.monitor import Monitor
 
     return Monitor(store, clock=clock, thresholds=_thresholds(args), extra_jobs=_config_jobs(args))
-
-
-def _dur(seconds: float | None) -> str:
-    from cronwarden.commands.views import dur
-
-    return dur(seconds)
 
 
 # -- audit --------------------------------------------------------------------
@@ -423,22 +418,13 @@ def _dashboard(args: Any, clock: Clock) -> Iterator[None]:
     if not args.listen:
         yield
         return
-    from cronwarden.web import DEFAULT_REFRESH, Dashboard, bind, url_of
+    from cronwarden.commands.dashboard import open_dashboard, request_log
+    from cronwarden.web import bind, url_of
 
-    store = _store(args, clock)
-    try:
-        refresh = DEFAULT_REFRESH if args.refresh is None else args.refresh
-        dashboard = Dashboard(_monitor(args, store, clock), refresh=refresh)
-    except BaseException:
-        store.close()
-        raise
+    dashboard = open_dashboard(args, clock)
     try:
         host, port = args.listen
-
-        def log(line: str) -> None:
-            print(line, file=sys.stderr, flush=True)
-
-        server = bind(dashboard, host, port, log=None if args.quiet else log)
+        server = bind(dashboard, host, port, log=request_log(args))
         print(f"cronwarden monitor: dashboard on {url_of(server)}", file=sys.stderr, flush=True)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                   name="cronwarden-dashboard", daemon=True)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.durations import format_duration
@@ -100,10 +101,13 @@ def configure_history(p: argparse.ArgumentParser) -> None:
     add_store_flag(p)
 
 
-def open_runs(store: Store, job: str | None = None) -> list[tuple[RunRecord, int]]:
-    """The runs open now, each with its lease's pending (queued) starts."""
+def open_runs(
+    store: Store, job: str | None = None, runs: Sequence[RunRecord] | None = None
+) -> list[tuple[RunRecord, int]]:
+    """The runs open now (or ``runs``, read already), each with its lease's
+    pending (queued) starts."""
     out = []
-    for r in store.open_runs(job):
+    for r in store.open_runs(job) if runs is None else runs:
         info = store.lease(r.key)
         out.append((r, info.pending if info else 0))
     return out

@@ -182,8 +182,25 @@ end
 
 """
 
+_FENCING = r"""
+-- The fencing rule of the module docstring: the token after old_token, and
+-- the server's time in ms. srv: the run id of the server process executing
+-- this script (the client learns it once per connection).
+local function fence(old_token, old_srv, srv)
+  local t = redis.call('TIME')
+  local token
+  if old_token then token = tonumber(old_token) + 1 end
+  if not token or old_srv ~= srv then
+    local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    if not token or us > token then token = us end
+  end
+  return string.format('%d', token), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
 _COMMON = (
     _RETENTION
+    + _FENCING
     + r"""
 local function jstr(s) return cjson.encode(s) end
 
@@ -309,17 +326,8 @@ local function start_run(lk, livek, openk, index, s, ts, extra, new)
     .. ',"ttl":' .. s.ttl .. '}', new and 'new' or nil)
 end
 
--- The fencing rule of the module docstring. srv: the run id of the server
--- process executing this script (the client learns it once per connection).
 local function grant(lk, livek, openk, index, old_token, old_srv, srv, s, new)
-  local ms, t = now_ms()
-  local token
-  if old_token then token = tonumber(old_token) + 1 end
-  if not token or old_srv ~= srv then
-    local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    if not token or us > token then token = us end
-  end
-  local ts = string.format('%d', token)
+  local ts, ms = fence(old_token, old_srv, srv)
   local exp = string.format('%d', ms + tonumber(s.ttl_ms))
   start_run(lk, livek, openk, index, s, ts, {'srv', srv, 'exp', exp}, new)
   return ts
@@ -474,7 +482,9 @@ return {1, recorded}
 # another policy, a queued ``then``, a side lease) returns false before any
 # write, and the client sends the general script.
 
-_GRANT_OR_SKIP = r"""
+_GRANT_OR_SKIP = (
+    _FENCING
+    + r"""
 -- KEYS: as _ACQUIRE's first 8. ARGV: 1 run id, 2 ttl ms, 3 the server's run id, 4 job, 5 key, 6 at,
 -- 7 athex, 8-9 the started record around its token, 10-11 the run record's head around its token,
 -- 12 the holder description up to its token, 13-14 the skipped record around the holder's,
@@ -495,16 +505,8 @@ if owner then
   local n = redis.call('HINCRBY', KEYS[8], ARGV[4], 1)
   return {'R', 'skipped', owner, h[6] or '?', h[7] or '0', h[8], h[2], pttl, n}
 end
--- The fencing rule of the module docstring, as grant() applies it.
-local t = redis.call('TIME')
-local token
-if h[2] then token = tonumber(h[2]) + 1 end
-if not token or h[3] ~= ARGV[3] then
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if not token or us > token then token = us end
-end
-local ts = string.format('%d', token)
-local exp = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2]))
+local ts, ms = fence(h[2], h[3], ARGV[3])
+local exp = string.format('%d', ms + tonumber(ARGV[2]))
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
 local seq = string.format('%012d', redis.call('HINCRBY', KEYS[6], 'seq', 1))
@@ -516,6 +518,7 @@ redis.call('ZADD', KEYS[5], 0, '#|' .. ARGV[7] .. '|' .. ARGV[1],
   0, '@|' .. ARGV[7] .. '|' .. seq .. '|started|' .. ARGV[1], 0, 'started|' .. ARGV[7] .. '|' .. seq)
 return {'G', ts, '', redis.call('HINCRBY', KEYS[8], ARGV[4], 1)}
 """
+)
 
 _RELEASE = r"""
 -- KEYS: as _FINISH's first 8. ARGV: 1 run id, 2 job, 3 the run record's end, 4 the terminal record up to
