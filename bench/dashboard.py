@@ -350,8 +350,8 @@ def main() -> int:
     job_budget = 2.0 if args.quick else args.seconds / 3
     started = time.monotonic()
 
-    from cronwarden.commands.views import history_items, open_runs
     from cronwarden.monitor import Monitor
+    from cronwarden.monitor.views import history_items, open_runs
     from cronwarden.stores import open_store
     from cronwarden.web import Dashboard
 

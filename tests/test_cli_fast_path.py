@@ -1,7 +1,8 @@
-"""The per-tick shortcuts of ``cronwarden run``: its plain command lines are
-read without argparse (``cli.parse_plain``), and a finished run's process
-ends without the interpreter's teardown (``cli.console``). Both must be
-invisible: the same parsed flags, errors, exit statuses and ledger."""
+"""The per-tick shortcut of ``cronwarden run``: its plain command lines are
+read without argparse (``cli.args.parse_plain``), which must be invisible:
+the same parsed flags, errors, exit statuses and ledger. And a finished
+run's process ends as every Python process does (``cli.console``), with its
+exit hooks run and its output flushed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cronwarden import cli
-from cronwarden.commands import run
+from cronwarden.cli import run
+from cronwarden.cli.args import parse_plain
 from cronwarden.errors import UsageError
 from cronwarden.events import EventKind, Outcome
 from cronwarden.stores import open_store
@@ -33,7 +35,7 @@ def by_argparse(argv: list[str]) -> dict[str, Any] | str:
 
 
 def plain(argv: list[str]) -> dict[str, Any] | None:
-    ns = cli.parse_plain(run.FLAGS, argv)
+    ns = parse_plain(run.FLAGS, argv)
     return None if ns is None else vars(ns)
 
 
@@ -85,7 +87,7 @@ def test_anything_else_is_left_to_argparse(argv: list[str]) -> None:
 def test_a_bad_value_raises_the_same_one_line_error() -> None:
     argv = ["--job", "x", "--ttl", "forever", *CMD]
     with pytest.raises(UsageError) as fast:
-        cli.parse_plain(run.FLAGS, argv)
+        parse_plain(run.FLAGS, argv)
     assert f"error: {fast.value}" == by_argparse(argv)
 
 
@@ -112,10 +114,10 @@ def test_every_flag_of_run_is_in_its_table() -> None:
     parser = cli.command_parser("run")
     options = {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
     assert options == set(run.FLAGS)
-    assert isinstance(cli.parse_plain(run.FLAGS, ["--job", "x", "--"]), SimpleNamespace)
+    assert isinstance(parse_plain(run.FLAGS, ["--job", "x", "--"]), SimpleNamespace)
 
 
-# -- the process ends without teardown -------------------------------------
+# -- the process ends normally ---------------------------------------------
 
 ATEXIT_PROBE = """import atexit, os
 atexit.register(lambda: open(os.environ["PROBE"], "w").write("teardown ran"))
@@ -136,16 +138,16 @@ def run_console(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
     return p, probe.exists()
 
 
-def test_a_finished_run_exits_with_the_commands_status_and_no_teardown(
+def test_a_finished_run_exits_with_the_commands_status_and_a_normal_teardown(
     tmp_path: Path, store_url: str
 ) -> None:
-    """On every store: their drivers leave no non-daemon thread and no exit
-    hook, and the store is closed before the process ends."""
+    """On every store: the exit hooks run, the output is flushed, and the
+    ledger has the run's end."""
     url = store_url
     p, teardown = run_console(tmp_path, "run", "--job", "fast", "--store", url, "--",
                               "sh", "-c", "echo out; echo err >&2; exit 7")  # fmt: skip
     assert (p.returncode, p.stdout, p.stderr) == (7, "out\n", "err\n")
-    assert not teardown
+    assert teardown
     with open_store(url) as store:
         (r,) = store.runs("fast")
         assert (r.outcome, r.exit_code) == (Outcome.FAILED, 7)
@@ -153,7 +155,7 @@ def test_a_finished_run_exits_with_the_commands_status_and_no_teardown(
     assert sorted(kinds) == sorted([EventKind.STARTED, EventKind.FAILED])  # newest first
 
 
-def test_a_skip_is_flushed_before_the_quick_exit(tmp_path: Path) -> None:
+def test_a_skip_is_flushed_and_the_process_tears_down(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cw.db'}"
     argv = [sys.executable, "-m", "cronwarden", "run", "--job", "fast", "--store", url]
     holder = subprocess.Popen(
@@ -167,10 +169,10 @@ def test_a_skip_is_flushed_before_the_quick_exit(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert p.returncode == 9
-    assert "skipped" in p.stderr and not teardown
+    assert "skipped" in p.stderr and teardown
 
 
-def test_other_commands_and_runs_with_sinks_tear_down_normally(tmp_path: Path) -> None:
+def test_other_commands_and_runs_with_sinks_tear_down_too(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cw.db'}"
     p, teardown = run_console(tmp_path, "status", "--store", url)
     assert p.returncode == 0 and teardown
@@ -178,5 +180,5 @@ def test_other_commands_and_runs_with_sinks_tear_down_normally(tmp_path: Path) -
     config.write_text(f'store = "{url}"\n[sinks.file]\ntype = "log"\npath = "{tmp_path / "events.log"}"\n')
     p, teardown = run_console(tmp_path, "run", "--job", "fast", "--config", str(config), "--", "true")
     assert p.returncode == 0, p.stderr
-    assert teardown  # a sink was loaded: its library may hold events for an atexit hook
+    assert teardown
     assert '"kind":"succeeded"' in (tmp_path / "events.log").read_text().replace(" ", "")

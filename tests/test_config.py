@@ -445,7 +445,7 @@ def test_run_without_config_or_schedule_imports_neither_tomllib_nor_cronsim(tmp_
         assert done.returncode == 0
         imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
         assert "cronwarden.guard" in imported  # the measurement works
-        assert not imported & {"tomllib", "cronsim", "cronwarden.config_file", "difflib", "zoneinfo"}, flags
+        assert not imported & {"tomllib", "cronsim", "cronwarden.config.file", "difflib", "zoneinfo"}, flags
 
 
 def test_run_refuses_a_shard_not_in_the_jobs_list(store_url: str, tmp_path: Path) -> None:

@@ -27,10 +27,10 @@ import pytest
 from conftest import Lapse
 from cronwarden import cli
 from cronwarden.clock import Clock, FakeClock
-from cronwarden.commands.monitor import audit_item
 from cronwarden.errors import UsageError
 from cronwarden.events import EventKind, Outcome, new_id
 from cronwarden.monitor import Monitor, Thresholds
+from cronwarden.monitor.views import audit_item
 from cronwarden.stores import open_store
 from cronwarden.stores.base import End, EventQuery, Start, Store
 from cronwarden.web import Dashboard
@@ -247,12 +247,12 @@ def test_metrics_is_the_prometheus_exposition(dashboard: Dashboard, ledger: dict
 def test_metrics_without_prometheus_client_is_501_saying_what_to_install(
     dashboard: Dashboard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cronwarden.metrics
+    import cronwarden.monitor.metrics
 
     def missing() -> None:
         raise UsageError("metrics need the 'prometheus_client' package: pip install 'cronwarden[metrics]'")
 
-    monkeypatch.setattr(cronwarden.metrics, "require_prometheus_client", missing)
+    monkeypatch.setattr(cronwarden.monitor.metrics, "require_prometheus_client", missing)
     response = dashboard.handle("GET", "/metrics")
     assert response.status == 501
     assert "pip install 'cronwarden[metrics]'" in json.loads(response.body)["error"]

@@ -9,8 +9,8 @@ import statistics
 import pytest
 
 from cronwarden import cli
+from cronwarden.cli.monitor import watch
 from cronwarden.clock import Clock, FakeClock
-from cronwarden.commands.monitor import watch
 from cronwarden.events import Event, EventKind, Outcome
 from cronwarden.monitor import RAISED, RESOLVED, Monitor, Severity, Thresholds, quantile
 from cronwarden.policy import Policy
@@ -372,7 +372,7 @@ def test_monitor_pass_delivers_its_findings_to_the_configured_sinks(
         pytest.skip(f"{type(store).__name__} has no outbox yet")
     from types import SimpleNamespace
 
-    from cronwarden.commands.monitor import outbox_flusher
+    from cronwarden.cli.monitor import outbox_flusher
 
     log = tmp_path / "events.jsonl"
     config = tmp_path / "cronwarden.toml"

@@ -595,7 +595,7 @@ def test_flush_after_run_with_a_broken_sink_config_reports_one_line_and_returns(
 
 def test_the_run_command_imports_no_sink_code() -> None:
     code = (
-        "import sys, cronwarden.cli, cronwarden.commands.run\n"
+        "import sys, cronwarden.cli, cronwarden.cli.run\n"
         "bad = sorted(m for m in sys.modules if m == 'cronwarden.outbox' or m.startswith('cronwarden.sinks.')"
         " or m == 'urllib.request')\n"
         "print(','.join(bad))"

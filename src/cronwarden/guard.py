@@ -1,18 +1,17 @@
 """Guarded runs: ``Warden.guard(job)`` acquires the job's lease by its policy,
 keeps it with a heartbeat, and in every case records exactly one terminal
-outcome and releases the lease (G5, G6).
+outcome and releases the lease.
 
-The path of one run: ``Guard.__enter__`` → ``Store.acquire`` (writes
+The path of one run: ``Guard.acquire`` → ``Store.acquire`` (writes
 ``started``) → ``Heartbeat`` renews every ttl/3 (on the warden's one
 ``HeartbeatThread``) → the work (a ``with`` body, a decorated function, or a
-child process in ``supervisor``) → ``Guard.__exit__`` → ``Store.finish``
+child process in ``supervisor``) → ``Guard.end`` → ``Store.finish``
 (terminal record + release).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.config.settings import DEFAULT_MAX_PENDING, DEFAULT_REPLACE_GRACE, DEFAULT_TTL, check_name
 from cronwarden.durations import format_duration
 from cronwarden.errors import (
     LeaseLost,
@@ -48,44 +48,65 @@ from cronwarden.stores.base import (
 P = ParamSpec("P")
 R = TypeVar("R")
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
-
-
-def check_name(value: str, what: str) -> str:
-    if not NAME.fullmatch(value):
-        raise UsageError(
-            f"{what} must be 1-128 characters of letters, digits, '_', '.', '@' or '-' "
-            f"starting with a letter or digit, got {value!r}"
-        )
-    return value
-
 
 def this_host() -> str:
     """The host name runs are recorded under (``CRONWARDEN_HOST`` overrides)."""
     return os.environ.get("CRONWARDEN_HOST") or os.uname().nodename
 
 
-class _OptionFields(NamedTuple):
-    ttl: float = 60.0
-    policy: Policy = Policy.SKIP
-    shard: str | None = None
-    renew_every: float | None = None
-    max_runtime: float | None = None
-    max_pending: int = 1
-    replace_grace: float = 10.0
-    allow_unpartitioned: bool = False
-    slot: float | None = None
+class Options:
+    """How one job is guarded: validated when made, and immutable (``replace``
+    makes a validated copy). Durations are seconds, or text like ``"2m"``.
+    Defaults are the config's (``cronwarden.config.settings``)."""
 
+    __slots__ = (
+        "allow_unpartitioned",
+        "max_pending",
+        "max_runtime",
+        "policy",
+        "renew_every",
+        "replace_grace",
+        "shard",
+        "slot",
+        "ttl",
+    )
+    ttl: float
+    policy: Policy
+    shard: str | None
+    renew_every: float | None
+    max_runtime: float | None
+    max_pending: int
+    replace_grace: float
+    allow_unpartitioned: bool
+    slot: float | None
 
-class Options(_OptionFields):
-    """How one job is guarded. Validated once, here."""
-
-    __slots__ = ()
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Options:
-        self = super().__new__(cls, *args, **kwargs)
+    def __init__(
+        self,
+        *,
+        ttl: float | str = DEFAULT_TTL,
+        policy: Policy | str = Policy.SKIP,
+        shard: str | None = None,
+        renew_every: float | str | None = None,
+        max_runtime: float | str | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        replace_grace: float | str = DEFAULT_REPLACE_GRACE,
+        allow_unpartitioned: bool = False,
+        slot: float | None = None,
+    ) -> None:
+        values = {
+            "ttl": _seconds(ttl, "ttl"),
+            "policy": policy if isinstance(policy, Policy) else Policy.parse(policy),
+            "shard": shard,
+            "renew_every": None if renew_every is None else _seconds(renew_every, "renew_every"),
+            "max_runtime": None if max_runtime is None else _seconds(max_runtime, "max_runtime"),
+            "max_pending": max_pending,
+            "replace_grace": _seconds(replace_grace, "replace_grace"),
+            "allow_unpartitioned": allow_unpartitioned,
+            "slot": slot,
+        }
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
         self._check()
-        return self
 
     def _check(self) -> None:
         if not self.ttl > 0:
@@ -101,8 +122,9 @@ class Options(_OptionFields):
             )
         if self.max_runtime is not None and self.max_runtime <= 0:
             raise UsageError(f"max_runtime must be greater than zero, got {self.max_runtime:g}s")
-        if self.max_pending < 1:
-            raise UsageError(f"max_pending must be at least 1, got {self.max_pending}")
+        pending = self.max_pending
+        if isinstance(pending, bool) or not isinstance(pending, int) or pending < 1:
+            raise UsageError(f"max_pending must be a whole number of at least 1, got {self.max_pending!r}")
         if self.replace_grace < 0:
             raise UsageError(f"replace grace must not be negative, got {self.replace_grace:g}s")
         if self.shard is not None:
@@ -119,19 +141,57 @@ class Options(_OptionFields):
         enough that the child is gone before the lease could expire."""
         return min(10.0, self.ttl / 6)
 
+    def replace(self, **changes: Any) -> Options:
+        """A copy with ``changes``, validated like a new one."""
+        return Options(**{**self._fields(), **changes})
+
+    def _fields(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Options are immutable; use options.replace({name}=...)")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Options) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._fields().values()))
+
+    def __repr__(self) -> str:
+        return f"Options({', '.join(f'{k}={v!r}' for k, v in self._fields().items())})"
+
+
+def _seconds(value: float | str, what: str) -> float:
+    if isinstance(value, str):
+        from cronwarden.durations import parse_duration
+
+        return parse_duration(value, what=what)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"{what} must be seconds or a duration like 90s or 10m, got {value!r}")
+    return float(value)
+
 
 class Run:
-    """One guarded execution, as the work sees it."""
+    """One guarded execution, as the work sees it. ``abandoned`` and
+    ``overlapped`` say how it started: the dead runs its start closed, and
+    (policy allow without a shard) the run that was open when it began."""
 
-    def __init__(self, guard: Guard, lease: Lease, heartbeat: Heartbeat, started: float) -> None:
+    def __init__(
+        self,
+        guard: Guard,
+        lease: Lease,
+        heartbeat: Heartbeat,
+        started: float,
+        *,
+        abandoned: tuple[str, ...] = (),
+        overlapped: Holder | None = None,
+    ) -> None:
         self._guard = guard
         self.lease = lease
         self.heartbeat = heartbeat
         self.started_monotonic = started
-        self.exit_code: int | None = None
-        """Set by a supervisor: the child's exit status (non-zero means failed)."""
-        self.stopped_by: LeaseLost | None = None
-        """Set when the work was stopped because the lease was lost, revoked or timed out."""
+        self.abandoned = abandoned
+        self.overlapped = overlapped
 
     @property
     def run_id(self) -> str:
@@ -143,7 +203,7 @@ class Run:
 
     @property
     def token(self) -> int:
-        """The fencing token: pass it to every write you want fenced (G2)."""
+        """The fencing token: pass it to every write you want fenced."""
         return self.lease.token
 
     @property
@@ -172,8 +232,19 @@ class Run:
             raise why
 
 
+class Ending(NamedTuple):
+    """What ``Guard.end`` did: how the run ended (as recorded, or as attempted
+    if the store could not be reached), the store's answer (None then), and
+    the next run on the same lease (policy queue), if one started."""
+
+    end: End
+    finished: Finished | None
+    next: Run | None = None
+
+
 class Guard:
-    """Context manager returned by ``Warden.guard``."""
+    """One job's guarded starts: ``acquire`` a run, ``end`` it. Also the
+    context manager ``Warden.guard`` returns."""
 
     def __init__(self, warden: Warden, job: str, options: Options) -> None:
         self.warden = warden
@@ -181,14 +252,8 @@ class Guard:
         self.job = check_name(job, "job name")
         self.options = options
         self.key = job if options.shard is None else f"{job}:{options.shard}"
-        self.refused: Refused | None = None
-        self.run: Run | None = None
-        self.abandoned: tuple[str, ...] = ()
-        self.last_end: End | None = None
-        """How the last run ended, as recorded (or as attempted, if the store
-        could not be reached)."""
-        self.overlapped: Holder | None = None
-        """Policy allow without a shard: the run that was open when this one started."""
+        self._run: Run | None = None
+        """The run of the with block, between __enter__ and __exit__."""
 
     # -- acquiring --------------------------------------------------------
 
@@ -205,9 +270,9 @@ class Guard:
             max_pending=o.max_pending,
         )  # fmt: skip
 
-    def acquire(self) -> Run | None:
-        """Try to start a run. Returns the run, or None when refused (the
-        refusal is recorded and kept in ``self.refused``)."""
+    def acquire(self) -> Run | Refused:
+        """Try to start a run: the run, or the store's refusal (already
+        recorded in the ledger, with the holder)."""
         start = self._start()
         sharded_or_allow = self.key != self.job or self.options.policy is Policy.ALLOW
         swept = self._sweep_other_keys(start) if sharded_or_allow else []
@@ -218,20 +283,15 @@ class Guard:
         if isinstance(result, Refused) and result.refusal is Refusal.REVOKING:
             result, sent = self._wait_for_replaced(start, result)
         if isinstance(result, Refused):
-            self.refused = result
-            self.abandoned = result.abandoned
-            return None
-        self.abandoned = result.abandoned
-        self.overlapped = result.overlapped
-        self.run = self._begin(result, sent)
-        return self.run
+            return result
+        return self._begin(result, sent)
 
     def _sweep_other_keys(self, start: Start) -> list[str]:
         """A side lease (policy allow) or a shard may never be started again
         by its key, so no start would find its run dead there: a start of the
         job gives the job's dead runs on other keys their ``abandoned``
-        record (G6), before it takes a lease of its own. Best effort: the
-        monitor does the same, so a store error here only leaves them to it."""
+        record, before it takes a lease of its own. Best effort: the monitor
+        does the same, so a store error here only leaves them to it."""
         store = self.warden.store
         try:
             others = [r for r in store.open_runs(self.job) if r.key != self.key]
@@ -272,41 +332,57 @@ class Guard:
             stop_at=None if self.options.max_runtime is None else sent + self.options.max_runtime,
             thread=self.warden.heartbeats,
         )
-        run = Run(self, lease, hb, sent)
+        run = Run(self, lease, hb, sent, abandoned=granted.abandoned, overlapped=granted.overlapped)
         hb.start(lease.key)
         return run
 
     # -- ending -----------------------------------------------------------
 
-    def outcome(self, run: Run, error: BaseException | None) -> End:
+    def outcome(
+        self,
+        run: Run,
+        error: BaseException | None,
+        *,
+        exit_code: int | None = None,
+        stopped_by: LeaseLost | None = None,
+    ) -> End:
         """Judge how the run ended. Lease trouble outranks the work's own
-        result: work finished without a believed lease is not a success."""
-        why = run.stopped_by or run.lost_reason()
+        result: work finished without a believed lease is not a success.
+        ``exit_code`` and ``stopped_by`` come from a supervisor: the child's
+        exit status, and why it had to stop the child, if it did."""
+        why = stopped_by or run.lost_reason()
         if why is None and isinstance(error, LeaseLost):
             why = error
         at = self.clock.wall()
         if isinstance(why, LeaseRevoked):
-            return End(outcome=Outcome.REPLACED, at=at, exit_code=run.exit_code, detail=str(why),
+            return End(outcome=Outcome.REPLACED, at=at, exit_code=exit_code, detail=str(why),
                        replaced_by=why.by_run_id)  # fmt: skip
         if isinstance(why, TimedOut):
-            return End(outcome=Outcome.TIMED_OUT, at=at, exit_code=run.exit_code, detail=str(why))
+            return End(outcome=Outcome.TIMED_OUT, at=at, exit_code=exit_code, detail=str(why))
         if why is not None:
-            return End(outcome=Outcome.LEASE_LOST, at=at, exit_code=run.exit_code, detail=str(why))
+            return End(outcome=Outcome.LEASE_LOST, at=at, exit_code=exit_code, detail=str(why))
         if error is not None:
             detail = f"{type(error).__name__}: {error}"[:500]
-            return End(outcome=Outcome.FAILED, at=at, exit_code=run.exit_code, detail=detail)
-        if run.exit_code:
-            return End(outcome=Outcome.FAILED, at=at, exit_code=run.exit_code,
-                       detail=f"exit status {run.exit_code}")  # fmt: skip
-        return End(outcome=Outcome.SUCCEEDED, at=at, exit_code=run.exit_code)
+            return End(outcome=Outcome.FAILED, at=at, exit_code=exit_code, detail=detail)
+        if exit_code:
+            return End(outcome=Outcome.FAILED, at=at, exit_code=exit_code, detail=f"exit status {exit_code}")
+        return End(outcome=Outcome.SUCCEEDED, at=at, exit_code=exit_code)
 
-    def end(self, run: Run, error: BaseException | None, *, again: bool = False) -> Run | None:
-        """Record the terminal outcome and release (G5/G6). With ``again``
-        (policy queue), start the next pending run on the same lease and
-        return it."""
+    def end(
+        self,
+        run: Run,
+        error: BaseException | None = None,
+        *,
+        exit_code: int | None = None,
+        stopped_by: LeaseLost | None = None,
+        again: bool = False,
+    ) -> Ending:
+        """Record the terminal outcome and release. With ``again`` (policy
+        queue), start the next pending run on the same lease, in the same
+        step, and return it in ``Ending.next``."""
         # Judge first: stopping the heartbeat may wait for a renewal in flight,
         # and the outcome is how the run stood when its work ended.
-        end = self.last_end = self.outcome(run, error)
+        end = self.outcome(run, error, exit_code=exit_code, stopped_by=stopped_by)
         run.heartbeat.stop()
         # A pending start asked for a run after this one; the work failing
         # does not cancel that request. Lease trouble does: this process no
@@ -315,10 +391,10 @@ class Guard:
         then = self._start() if drain else None
         sent = 0.0 if then is None else self.clock.monotonic()
         finished = self._finish_with_retries(run.lease, end, then)
-        self.run = None
+        nxt = None
         if finished is not None and finished.next is not None:
-            self.run = self._begin(Granted(lease=finished.next), sent)
-        return self.run
+            nxt = self._begin(Granted(lease=finished.next), sent)
+        return Ending(end=end, finished=finished, next=nxt)
 
     def _finish_with_retries(self, lease: Lease, end: End, then: Start | None) -> Finished | None:
         """The terminal record matters more than promptness: retry a locked or
@@ -349,17 +425,18 @@ class Guard:
                 "or cronwarden run, not a with block"
             )
         run = self.acquire()
-        if run is None:
-            assert self.refused is not None
-            self.warden.report_refusal(self.job, self.refused)
-            raise NotStarted(self.job, self.refused.refusal.value, self.refused.holder.run_id)
+        if isinstance(run, Refused):
+            self.warden.report_refusal(self.job, run)
+            raise NotStarted(self.job, run.refusal.value, run.holder.run_id)
+        self._run = run
         return run
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.run is not None:
-            self.end(self.run, exc)
+        run, self._run = self._run, None
+        if run is not None:
+            self.end(run, exc)
 
 
 class Warden:
@@ -428,11 +505,11 @@ class Warden:
 
             def guarded(*args: P.args, **kwargs: P.kwargs) -> R | None:
                 guard = Guard(self, job_name, opts)
-                run = guard.acquire()
-                if run is None:
-                    assert guard.refused is not None
-                    self.report_refusal(job_name, guard.refused)
+                started = guard.acquire()
+                if isinstance(started, Refused):
+                    self.report_refusal(job_name, started)
                     return None
+                run: Run | None = started
                 result: R | None = None
                 while run is not None:
                     try:
@@ -440,7 +517,7 @@ class Warden:
                     except BaseException as e:
                         guard.end(run, e)
                         raise
-                    run = guard.end(run, None, again=opts.policy is Policy.QUEUE)
+                    run = guard.end(run, again=opts.policy is Policy.QUEUE).next
                 return result
 
             guarded.__name__ = getattr(fn, "__name__", job_name)
@@ -466,12 +543,15 @@ class Warden:
 
 
 def _options(options: dict[str, Any]) -> Options:
-    if "policy" in options and isinstance(options["policy"], str):
-        options = {**options, "policy": Policy.parse(options["policy"])}
-    try:
-        return Options(**options)
-    except TypeError as e:
-        raise UsageError(f"unknown guard option: {e}") from None
+    unknown = sorted(set(options) - set(Options.__slots__))
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], Options.__slots__, n=1)
+        known = ", ".join(sorted(Options.__slots__))
+        hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of {known}"
+        raise UsageError(f"unknown guard option {unknown[0]!r}{hint}")
+    return Options(**options)
 
 
 def describe_refusal(job: str, refused: Refused, now: float) -> str:

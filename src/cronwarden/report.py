@@ -94,7 +94,7 @@ class Reporter:
     ) -> Reported:
         """Record that run ``run_id`` (a new UUID if None) of ``job`` started.
         Starting an already recorded run id again changes nothing."""
-        from cronwarden.guard import check_name
+        from cronwarden.config.settings import check_name
 
         check_name(job, "job name")
         run_id = check_name(run_id, "run id") if run_id else new_id()
@@ -166,7 +166,7 @@ class Reporter:
     ) -> bool:
         """Record how run ``run_id`` ended. False when it already had a
         terminal record (a retried report, or it was found abandoned)."""
-        from cronwarden.guard import check_name
+        from cronwarden.config.settings import check_name
 
         check_name(job, "job name")
         check_name(run_id, "run id")

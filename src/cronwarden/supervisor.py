@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from cronwarden.errors import LeaseLost, LeaseRevoked, UsageError
 from cronwarden.guard import Run
@@ -327,6 +327,15 @@ class SignalRelay:
             signal.signal(s, handler)
 
 
+class Exit(NamedTuple):
+    """How the command of a run ended."""
+
+    code: int
+    """Its exit status (128+N if killed by signal N)."""
+    stopped_by: LeaseLost | None = None
+    """Why the supervisor stopped it (lease lost, revoked, timed out), if it did."""
+
+
 class Supervisor:
     """Runs one child for one guarded run and stops it when the run must stop."""
 
@@ -348,9 +357,9 @@ class Supervisor:
         except OSError:
             pass
 
-    def execute(self) -> int:
-        """Run the child to its end; return its exit status. Sets
-        ``run.exit_code`` and, when it had to stop the child, ``run.stopped_by``."""
+    def execute(self) -> Exit:
+        """Run the child to its end: its exit status, and why it was stopped
+        if the supervisor had to stop it."""
         hb = self.run.heartbeat
         hb.on_lost = lambda _why: self._wake()
         hb.on_renewed = self._wake
@@ -361,16 +370,14 @@ class Supervisor:
                 self.child.signal(self.relay.signalled)
             if hb.lost is not None:
                 self._wake()
-            code = self._wait()
+            return self._wait()
         finally:
             self.relay.child = None
             hb.on_lost = hb.on_renewed = None
             os.close(self._wake_r)
             os.close(self._wake_w)
-        self.run.exit_code = code
-        return code
 
-    def _wait(self) -> int:
+    def _wait(self) -> Exit:
         child = self.child
         assert child is not None
         clock = self.run.heartbeat.clock
@@ -401,13 +408,12 @@ class Supervisor:
             timeout = max(0.0, min(wake_at - now, hb.interval))
             if poller.poll(timeout * 1000) and _readable(self._wake_r):
                 os.read(self._wake_r, 64)  # drained: the loop re-reads the heartbeat
-        return exit_status(child.poll() or 0)
+        return Exit(exit_status(child.poll() or 0))
 
-    def _stop(self, why: LeaseLost) -> int:
+    def _stop(self, why: LeaseLost) -> Exit:
         """SIGTERM to the group, SIGKILL after the grace, reap."""
         child = self.child
         assert child is not None
-        self.run.stopped_by = why
         hb = self.run.heartbeat
         grace = self.replace_grace if isinstance(why, LeaseRevoked) else self.kill_grace
         # Whatever grace was asked, the child must be gone before the belief
@@ -421,7 +427,7 @@ class Supervisor:
             child.signal(signal.SIGKILL)
         code = child.wait()
         assert code is not None
-        return exit_status(code)
+        return Exit(exit_status(code), stopped_by=why)
 
 
 def _killpg(pgid: int, signum: int) -> None:

@@ -8,13 +8,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cronwarden.cli import STORE_FLAG, add_flags, duration
+from cronwarden.cli.args import STORE_FLAG, add_flags, duration
 from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, JobSettings
 from cronwarden.durations import format_duration
 from cronwarden.errors import StoreUnavailable, UsageError
 from cronwarden.events import JobInfo, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden
 from cronwarden.policy import Policy
+from cronwarden.stores.base import Refused
 
 if TYPE_CHECKING:
     import argparse
@@ -215,7 +216,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: Any) -> int:
-    from cronwarden.cli import store_url
+    from cronwarden.cli.args import store_url
     from cronwarden.clock import SYSTEM_CLOCK
     from cronwarden.config import find, load, resolve
 
@@ -257,7 +258,7 @@ def main(args: Any) -> int:
             guard = Guard(warden, args.job, options)
             if info is not None:
                 _sync_job(warden.store, info)
-            run = guard.acquire()
+            started = guard.acquire()
         except StoreUnavailable as e:
             if args.on_store_error != "run":
                 print(f"cronwarden: {e}; not running {args.job} (fail closed; --on-store-error=run "
@@ -266,7 +267,7 @@ def main(args: Any) -> int:
             print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
             return _unguarded(command)
         try:
-            return _supervise(args, command, options, guard, run, relay)
+            return _supervise(args, command, options, guard, started, relay)
         finally:
             if config.sinks:
                 # Deliver this run's events within [sinks] flush_timeout; never
@@ -281,22 +282,22 @@ EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_R
                    Outcome.TIMED_OUT: EXIT_TIMED_OUT}  # fmt: skip
 
 
-def _supervise(args: Any, command: list[str], options: Options, guard: Guard, run: Run | None,
+def _supervise(args: Any, command: list[str], options: Options, guard: Guard, started: Run | Refused,
                relay: SignalRelay) -> int:  # fmt: skip
     """Run the command for the granted run (and, with policy queue, for each
     pending start after it); the exit status."""
-    if run is None:
-        assert guard.refused is not None
-        guard.warden.report_refusal(args.job, guard.refused)
+    if isinstance(started, Refused):
+        guard.warden.report_refusal(args.job, started)
         return int(args.skip_exit_code)
-    if guard.overlapped is not None and not args.quiet:
-        h = guard.overlapped
-        print(f"cronwarden: {args.job} run {run.run_id} overlaps run {h.run_id} (host {h.host}, "
+    if started.overlapped is not None and not args.quiet:
+        h = started.overlapped
+        print(f"cronwarden: {args.job} run {started.run_id} overlaps run {h.run_id} (host {h.host}, "
               f"pid {h.pid}); both run (policy allow, unpartitioned); recorded as overlap",
               file=sys.stderr)  # fmt: skip
     from cronwarden.supervisor import Supervisor
 
     code = 0
+    run: Run | None = started
     while run is not None:
         if relay.signalled is not None:
             # Asked to stop before this run's command started: it never runs.
@@ -314,18 +315,18 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, ru
         sup = Supervisor(run, command, env, kill_grace=options.kill_grace,
                          replace_grace=options.replace_grace, relay=relay)  # fmt: skip
         try:
-            status = sup.execute()
-            code = code or status
+            exited = sup.execute()
         except BaseException as e:
             guard.end(run, e)
             raise
+        code = code or exited.code
         # A signal to cronwarden asks the run to stop: pending starts stay
         # pending for the next holder rather than starting now.
         again = options.policy is Policy.QUEUE and relay.signalled is None
-        run = guard.end(run, None, again=again)
-        assert guard.last_end is not None
-        if guard.last_end.outcome in EXIT_BY_OUTCOME:
-            return EXIT_BY_OUTCOME[guard.last_end.outcome]
+        ending = guard.end(run, exit_code=exited.code, stopped_by=exited.stopped_by, again=again)
+        if ending.end.outcome in EXIT_BY_OUTCOME:
+            return EXIT_BY_OUTCOME[ending.end.outcome]
+        run = ending.next
     return code
 
 

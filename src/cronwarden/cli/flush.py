@@ -20,7 +20,7 @@ Sinks are the [sinks.NAME] tables of the config file (--config, $CRONWARDEN_CONF
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from cronwarden.cli import add_store_flag, duration
+    from cronwarden.cli.args import add_store_flag, duration
 
     p.description = (
         "Deliver the events each configured sink has not acknowledged yet, within --timeout. "
@@ -58,7 +58,7 @@ def _document(path: str | None) -> tuple[str, dict[str, Any]]:
 
 
 def main(args: Any) -> int:
-    from cronwarden.cli import store_url
+    from cronwarden.cli.args import store_url
     from cronwarden.clock import SYSTEM_CLOCK
     from cronwarden.outbox import flush_sinks
     from cronwarden.sinks import SinkConfigError, load_sinks

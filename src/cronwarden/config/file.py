@@ -1,6 +1,6 @@
-"""Reading and checking ``cronwarden.toml``: the part of ``config`` that runs
-only when there is a file. Kept apart so that ``cronwarden run`` without a
-config file neither imports tomllib nor compiles this module.
+"""Reading and checking ``cronwarden.toml``: the part of ``cronwarden.config``
+that runs only when there is a file. Kept apart so that ``cronwarden run``
+without a config file neither imports tomllib nor compiles this module.
 
 Every problem is collected, none raised: ``config check`` lists them all.
 tomllib keeps no positions, so the text is scanned for the line of each
@@ -13,11 +13,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cronwarden.config import (
+from cronwarden.config.settings import (
     DEFAULTS_KEYS,
     DURATION_KEYS,
     ENV_STORE,
     JOB_KEYS,
+    NAME,
     TOP_KEYS,
     Config,
     JobSettings,
@@ -37,8 +38,6 @@ POLICY_KEYS: Mapping[str, Policy] = {
 }
 """Job keys that mean something only under one policy: set under another,
 they are a leftover or a misunderstanding, and reported."""
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 
 
 def read_file(
@@ -216,7 +215,7 @@ class _Reader:
     ) -> JobSettings | None:
         at = ("jobs", name)
         where = f"[jobs.{name}]" if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f"[jobs.{name!r}]"
-        if not _NAME.fullmatch(name):
+        if not NAME.fullmatch(name):
             self.problem(at, f"{where} job name must be 1-128 letters, digits, '_', '.', '@' or '-' "
                          "starting with a letter or digit", job=name)  # fmt: skip
         if not isinstance(table, dict):
@@ -327,7 +326,7 @@ def _parse_value(key: str, raw: Any) -> Any:
         if not isinstance(raw, list) or not raw:
             raise UsageError(f'shards must be a non-empty list of names like ["eu", "us"], got {raw!r}')
         for s in raw:
-            if not isinstance(s, str) or not _NAME.fullmatch(s):
+            if not isinstance(s, str) or not NAME.fullmatch(s):
                 raise UsageError(f"shards must be names of letters, digits, '_', '.', '@' or '-', got {s!r}")
         dupes = sorted({s for s in raw if raw.count(s) > 1})
         if dupes:

@@ -33,7 +33,7 @@ does that). It has no login: listen on loopback (the default) or behind a proxy 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from cronwarden.commands.monitor import _add_window_flags
+    from cronwarden.cli.window import add_window_flags
 
     p.description = (
         "Serve a read-only web dashboard of the ledger: verdicts, findings, open runs, each job's "
@@ -45,12 +45,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh", type=refresh, metavar="DURATION",
                    help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
-    _add_window_flags(p)
+    add_window_flags(p)
 
 
 def refresh(text: str) -> float:
     """An argparse ``type`` for ``--refresh``: 0 (never), or at least a second."""
-    from cronwarden.cli import duration
+    from cronwarden.cli.args import duration
 
     seconds = duration("--refresh", allow_zero=True)(text)
     if 0 < seconds < 1:
@@ -71,8 +71,8 @@ def open_dashboard(args: Any, clock: Clock) -> Dashboard:
     """The dashboard over ``args``' store (a connection of its own), window,
     thresholds and config file; ``Dashboard.close`` closes the store. A store
     that cannot be read is said now (exit 75, or 2), not on the first page."""
-    from cronwarden.cli import store_url
-    from cronwarden.commands.monitor import _monitor
+    from cronwarden.cli.args import store_url
+    from cronwarden.cli.window import open_monitor
     from cronwarden.stores import open_store
     from cronwarden.web import DEFAULT_REFRESH, Dashboard
 
@@ -87,7 +87,7 @@ def open_dashboard(args: Any, clock: Clock) -> Dashboard:
     try:
         store.jobs()
         refresh = DEFAULT_REFRESH if args.refresh is None else args.refresh
-        return Dashboard(_monitor(args, store, clock), refresh=refresh)
+        return Dashboard(open_monitor(args, store, clock), refresh=refresh)
     except BaseException:
         store.close()
         raise

@@ -17,7 +17,7 @@ EPILOG = """jobs: every [jobs.NAME] table with a command and a schedule (or ever
 
 several hosts: start the same config on each, with a store they share (postgresql://…,
   redis://…). Each fire is claimed in the store by job and time: one instance runs it
-  (G8), the others print who did. An instance that stops loses nothing but its own fires.
+ , the others print who did. An instance that stops loses nothing but its own fires.
 
 stopping: SIGTERM, Ctrl-C or SIGHUP (unless under nohup) stops firing, sends SIGTERM to
   the runs still going (each stops its command and records how it ended) and waits up to
@@ -31,7 +31,7 @@ example:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from cronwarden.cli import add_store_flag, duration
+    from cronwarden.cli.args import add_store_flag, duration
     from cronwarden.scheduler import DEFAULT_KEEP, DEFAULT_MISFIRE_GRACE, DEFAULT_STOP_TIMEOUT
 
     p.description = (
@@ -60,8 +60,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: Any) -> int:
-    from cronwarden.cli import store_url
-    from cronwarden.commands.run import resolve_command
+    from cronwarden.cli.args import store_url
+    from cronwarden.cli.run import resolve_command
     from cronwarden.config import find, load
     from cronwarden.errors import mask_password
     from cronwarden.scheduler import RunLauncher, ScheduledJob, Scheduler, Wakeup

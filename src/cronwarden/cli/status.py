@@ -1,0 +1,100 @@
+"""``cronwarden status`` and ``cronwarden history``: what on-call reads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from cronwarden.cli.text import table
+from cronwarden.durations import format_duration
+from cronwarden.monitor.views import dur, history_items, history_note, open_run_item, open_runs, state, when
+
+
+def _open(args: Any) -> Any:
+    from cronwarden.cli.args import store_url
+    from cronwarden.stores import open_store
+
+    return open_store(store_url(args))
+
+
+def configure_status(p: argparse.ArgumentParser) -> None:
+    from cronwarden.cli.args import add_store_flag
+
+    p.description = (
+        "The runs open now on every host: job, run id, host, pid, age, lease expiry, fencing "
+        "token, pending starts. A run whose lease expired is recorded abandoned at the next start."
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--job", help="only this job")
+    add_store_flag(p)
+
+
+def configure_history(p: argparse.ArgumentParser) -> None:
+    from cronwarden.cli.args import add_store_flag
+
+    p.add_argument("job", help="job name")
+    p.add_argument("--limit", type=int, default=20, help="how many runs (default 20)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    add_store_flag(p)
+
+
+def main_status(args: Any) -> int:
+    store = _open(args)
+    try:
+        runs = open_runs(store, args.job)
+        now = time.time()
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps([open_run_item(r, pending, now) for r, pending in runs], indent=2))
+        return 0
+    if not runs:
+        print("no open runs")
+        return 0
+    rows = [
+        [r.job, r.run_id, r.host, str(r.pid), when(r.started_at), format_duration(now - r.started_at),
+         "-" if r.expires_in is None else format_duration(r.expires_in), str(r.token),
+         str(pending), state(r)]
+        for r, pending in runs
+    ]  # fmt: skip
+    print(
+        table(
+            ["JOB", "RUN ID", "HOST", "PID", "STARTED", "AGE", "EXPIRES IN", "TOKEN", "PENDING", "STATE"],
+            rows,
+        )
+    )
+    return 0
+
+
+def main_history(args: Any) -> int:
+    from cronwarden.config.settings import check_name
+
+    check_name(args.job, "job name")
+    if args.limit < 1:
+        from cronwarden.errors import UsageError
+
+        raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    store = _open(args)
+    try:
+        items = history_items(store, args.job, args.limit)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    if not items:
+        print(f"no runs recorded for {args.job}")
+        return 0
+    rows = []
+    for i in items:
+        at = i["started_at"] if i["type"] == "run" else i["at"]
+        if i["type"] == "run":
+            rows.append([when(at), i["outcome"], i["run_id"], dur(i["duration"]), str(i["token"]), i["host"],
+                         history_note(i)])  # fmt: skip
+        else:
+            rows.append([when(at), i["type"], i["run_id"] or "-", "-", "-", str(i.get("host", "-")),
+                         history_note(i)])  # fmt: skip
+    print(table(["WHEN", "OUTCOME", "RUN ID", "DURATION", "TOKEN", "HOST", "NOTE"], rows))
+    return 0

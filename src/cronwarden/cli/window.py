@@ -1,0 +1,106 @@
+"""The flags and set-up shared by the commands that read the monitor
+(``audit``, ``check``, ``metrics``, ``monitor``, ``dashboard``): the window
+and thresholds, the config file's jobs, the store and the ``Monitor``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cronwarden.clock import Clock
+from cronwarden.errors import UsageError
+
+if TYPE_CHECKING:
+    from cronwarden.events import JobInfo
+    from cronwarden.monitor import Monitor, Thresholds
+    from cronwarden.stores.base import Store
+
+
+def _fraction(text: str) -> float:
+    """``2/3``, ``0.67`` or ``67%``."""
+    t = text.strip()
+    try:
+        if t.endswith("%"):
+            return float(t[:-1]) / 100
+        if "/" in t:
+            num, den = t.split("/", 1)
+            return float(num) / float(den)
+        return float(t)
+    except (ValueError, ZeroDivisionError):
+        raise UsageError(f"--slow must be a fraction like 2/3, 0.67 or 67%, got {text!r}") from None
+
+
+def _positive_int(what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < 1:
+            raise UsageError(f"{what} must be a whole number of at least 1, got {text!r}")
+        return int(text)
+
+    parse.__name__ = what
+    return parse
+
+
+def add_window_flags(p: argparse.ArgumentParser, *, rules: bool = True) -> None:
+    from cronwarden.cli.args import add_store_flag, duration
+
+    g = p.add_argument_group("window and thresholds")
+    g.add_argument("--runs", type=_positive_int("--runs"), default=50, metavar="N",
+                   help="statistics over at most the last N runs (default 50)")  # fmt: skip
+    g.add_argument("--days", type=duration("--days"), default=7 * 86400.0, metavar="DURATION",
+                   help="... started in the last DURATION (default 7d)")  # fmt: skip
+    if rules:
+        g.add_argument("--slow", type=_fraction, default=2 / 3, metavar="FRACTION",
+                       help="slow when p95 ≥ FRACTION of the period (default 2/3)")  # fmt: skip
+        g.add_argument("--skips", type=_positive_int("--skips"), default=3, metavar="N",
+                       help="skips_in_a_row after N consecutive skipped starts (default 3)")  # fmt: skip
+        g.add_argument("--min-runs", type=_positive_int("--min-runs"), default=3, metavar="N",
+                       help="completed runs needed before judging durations (default 3)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="cronwarden.toml: its jobs' schedules, policies and reasons join the store's",
+    )
+    add_store_flag(p)
+
+
+def thresholds(args: Any) -> Thresholds:
+    from cronwarden.monitor import Thresholds
+
+    return Thresholds(
+        runs=args.runs, days=args.days / 86400, slow=getattr(args, "slow", 2 / 3),
+        skips_in_a_row=getattr(args, "skips", 3), min_runs=getattr(args, "min_runs", 3),
+    )  # fmt: skip
+
+
+def config_jobs(args: Any) -> list[JobInfo]:
+    """Jobs declared in the config file, as ``JobInfo``: the file is where a
+    policy's reason is usually written."""
+    from cronwarden.config import find, load
+    from cronwarden.events import JobInfo
+
+    path = find(getattr(args, "config", None))
+    if path is None:
+        return []
+    out = []
+    for j in load(path).jobs:
+        out.append(
+            JobInfo(
+                name=j.name, schedule=j.schedule_text(), period=j.every, policy=str(j.policy),
+                reason=j.reason, ttl=j.ttl, grace=j.grace, max_runtime=j.max_runtime,
+            )
+        )  # fmt: skip
+    return out
+
+
+def open_store_of(args: Any, clock: Clock) -> Store:
+    from cronwarden.cli.args import store_url
+    from cronwarden.stores import open_store
+
+    return open_store(store_url(args), clock=clock)
+
+
+def open_monitor(args: Any, store: Store, clock: Clock) -> Monitor:
+    from cronwarden.monitor import Monitor
+
+    return Monitor(store, clock=clock, thresholds=thresholds(args), extra_jobs=config_jobs(args))

@@ -1,1 +1,0 @@
-"""One module per group of CLI commands; each function takes parsed args and returns an exit status."""

@@ -1,0 +1,398 @@
+"""The monitor: job statistics from the ledger, rules that turn them into
+findings, and the verdicts ``cronwarden audit`` prints.
+
+Reads are bounded and indexed, whatever the size of the ledger. Per job, one
+evaluation reads:
+
+- ``runs(job, limit=N)``: the last N runs (newest first);
+- ``events(EventQuery(job, kinds=[skipped, queued, queue_full, overlap,
+  abandoned], since=<start of the window>, limit=1000))``: refusals and
+  overlaps in the window (the last N runs, within D days);
+- and, for ``check``/``monitor`` only, the job's latest finding events, from
+  which the current state of every finding is derived.
+
+``open_runs()`` and ``jobs()`` are read once per pass for all jobs. So the
+cost of a pass grows with the number of jobs, not with the number of runs.
+
+Findings are events (``slow``, ``skips_in_a_row``, ``missed``,
+``grace_too_wide``, ``stuck``, ``overlap``, ``policy_undecided``) with
+``data["state"]`` ``"raised"`` or ``"resolved"``. A finding is identified by
+(job, rule) or, for ``stuck`` and ``overlap``, by (job, rule, run id). Its
+current state is the state of its last event in the ledger, so a finding is
+recorded once when it becomes true and once when it stops, however many
+monitors or ``check`` passes look at it (no alert storms). An ``overlap``
+event without a state (recorded by the store under policy allow, or by a
+report-only start) counts as raised: the monitor resolves it once the runs no
+longer overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.durations import format_duration
+from cronwarden.errors import UsageError
+from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
+from cronwarden.monitor.rules import (
+    DEFAULT_RULES,
+    FINDING_KINDS,
+    PER_RUN,
+    RAISED,
+    RESOLVED,
+    Condition,
+    OverlapRule,
+    Rule,
+    Severity,
+)
+from cronwarden.monitor.stats import (
+    ATTEMPT_KINDS,
+    COMPLETED,
+    WINDOW_EVENT_KINDS,
+    JobStats,
+    Overlap,
+    Stuck,
+    Thresholds,
+    Verdict,
+    find_overlaps,
+    parse_schedule,
+    partition,
+    quantile,
+)
+from cronwarden.stores.base import EventQuery, Store, abandon_expired
+
+__all__ = [
+    "FINDING_KINDS",
+    "PER_RUN",
+    "RAISED",
+    "RESOLVED",
+    "Condition",
+    "JobStats",
+    "Monitor",
+    "Overlap",
+    "Pass",
+    "Rule",
+    "Severity",
+    "Stuck",
+    "Thresholds",
+    "Verdict",
+    "find_overlaps",
+    "parse_schedule",
+    "partition",
+    "quantile",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pass:
+    """What one evaluation pass found and recorded."""
+
+    at: float
+    stats: tuple[JobStats, ...]
+    active: tuple[Condition, ...]
+    """Every condition that holds now (raised earlier or in this pass)."""
+    raised: tuple[Event, ...]
+    resolved: tuple[Event, ...]
+    abandoned: tuple[str, ...] = ()
+    """Runs this pass recorded ``abandoned`` (lease expired, no terminal record)."""
+    open_runs: tuple[RunRecord, ...] = ()
+    """The runs open when the pass began, on every host (``Store.open_runs``)."""
+
+    @property
+    def severity(self) -> Severity:
+        return max((c.severity for c in self.active), default=Severity.OK)
+
+
+class Monitor:
+    """Statistics, rules and findings over one store.
+
+    ``store`` is a ``Store`` the caller owns. ``clock.wall()`` is read once per
+    pass. ``extra_jobs`` adds jobs known from elsewhere (the config file) to
+    those the store knows; they win over the store's record of the same name.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        thresholds: Thresholds | None = None,
+        rules: Sequence[Rule] = DEFAULT_RULES,
+        extra_jobs: Sequence[JobInfo] = (),
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.thresholds = thresholds or Thresholds()
+        self.rules = tuple(rules)
+        self.extra_jobs = tuple(extra_jobs)
+        self._schedules: dict[str, tuple[float | None, str | None]] = {}
+
+    # -- statistics -------------------------------------------------------
+
+    def _period(self, info: JobInfo | None, now: float) -> tuple[float | None, str | None]:
+        """(period, error). Cached per schedule text: cron periods cost ~1 ms."""
+        if info is None:
+            return None, None
+        if info.schedule:
+            if info.schedule not in self._schedules:
+                try:
+                    self._schedules[info.schedule] = (float(parse_schedule(info.schedule).period(now)), None)
+                except UsageError as e:
+                    self._schedules[info.schedule] = (info.period, f"bad schedule: {e}")
+            return self._schedules[info.schedule]
+        return info.period, None
+
+    def known_jobs(self, open_runs: Sequence[RunRecord] = ()) -> dict[str, JobInfo | None]:
+        """Jobs the store describes, plus ``extra_jobs``, plus jobs with open runs."""
+        jobs: dict[str, JobInfo | None] = {j.name: j for j in self.store.jobs()}
+        for j in self.extra_jobs:
+            known = jobs.get(j.name)
+            if known is not None and not j.updated_at:  # keep when the store first heard of it
+                j = j._replace(updated_at=known.updated_at)
+            jobs[j.name] = j
+        for r in open_runs:
+            jobs.setdefault(r.job, None)
+        return dict(sorted(jobs.items()))
+
+    def stats(self, job: str) -> JobStats:
+        """Statistics of one job, now."""
+        info = self.store.job(job) or next((j for j in self.extra_jobs if j.name == job), None)
+        now = self.clock.wall()
+        return self._read(job, info, now, self.store.open_runs(job))
+
+    def _read(self, job: str, info: JobInfo | None, now: float, opened: Sequence[RunRecord]) -> JobStats:
+        """The bounded reads of one job, then its statistics."""
+        t = self.thresholds
+        since = now - t.days * 86400
+        recent = [r for r in self.store.runs(job, t.runs) if r.started_at >= since]
+        window_start = recent[-1].started_at if len(recent) >= t.runs else since
+        # Bounded by the window, not by D days: the read must not grow with the runs per job.
+        events = self.store.events(
+            EventQuery(job=job, kinds=WINDOW_EVENT_KINDS, since=window_start, limit=t.event_limit)
+        )
+        return self._stats(job, info, now, window_start, recent, list(opened), events)
+
+    def _stats(
+        self,
+        job: str,
+        info: JobInfo | None,
+        now: float,
+        window_start: float,
+        recent: list[RunRecord],
+        opened: list[RunRecord],
+        events: list[Event],
+    ) -> JobStats:
+        t = self.thresholds
+        period, schedule_error = self._period(info, now)
+        # Open runs older than the window still count: a stuck run never ages out while open.
+        seen = {r.run_id for r in recent}
+        window = recent + [r for r in opened if r.run_id not in seen]
+        live = {r.run_id: r for r in opened}
+        outcomes: dict[str, int] = {}
+        for r in window:
+            name = "running" if r.outcome is None and r.run_id in live else (r.outcome or "running")
+            outcomes[name] = outcomes.get(name, 0) + 1
+        durations = sorted(
+            r.duration for r in recent if r.outcome in COMPLETED and r.duration is not None
+        )  # fmt: skip
+        last_start = max((r.started_at for r in window), default=None)
+        last_success = next(
+            (r.ended_at for r in recent if r.outcome is Outcome.SUCCEEDED and r.ended_at is not None), None
+        )
+        # Events come newest first; a tie in time keeps ledger order, hence the stable sort.
+        events = sorted(events, key=lambda e: (e.at, e.seq or 0), reverse=True)
+        skips = sum(1 for e in events if e.kind is EventKind.SKIPPED and e.at >= window_start)
+        in_a_row = 0
+        for e in events:
+            if e.kind is not EventKind.SKIPPED:
+                continue
+            if last_start is not None and e.at < last_start:
+                break
+            in_a_row += 1
+        last_refusal = next((e.at for e in events if e.kind in ATTEMPT_KINDS), None)
+        last_attempt = max((x for x in (last_start, last_refusal) if x is not None), default=None)
+
+        overlap_list = find_overlaps(window)
+        overlapped = {o.run_id for o in overlap_list}
+        overlapped.update(
+            e.run_id
+            for e in events
+            if e.kind is EventKind.OVERLAP and e.run_id and e.at >= window_start and "state" not in e.data
+        )
+
+        stuck: list[Stuck] = []
+        max_runtime = info.max_runtime if info else None
+        for r in opened:
+            if r.expires_in is None:
+                stuck.append(Stuck(run=r, why="its lease is gone and it has no terminal record"))
+            elif r.expires_in <= 0:
+                stuck.append(Stuck(run=r, why="its lease expired with no terminal record"))
+            elif max_runtime is not None and now - r.started_at > max_runtime:
+                stuck.append(Stuck(run=r, why=f"open past max_runtime {format_duration(max_runtime)}"))
+        stuck_ids = {s.run.run_id for s in stuck}
+        for r in recent:
+            if r.outcome is Outcome.ABANDONED and r.run_id not in stuck_ids:
+                stuck.append(Stuck(run=r, why=r.detail or "its lease expired with no terminal record"))
+                stuck_ids.add(r.run_id)
+        for e in events:  # a run that started before the window and was abandoned inside it
+            if e.kind is EventKind.ABANDONED and e.run_id and e.run_id not in stuck_ids:
+                found = self.store.run(e.run_id)
+                if found is not None:
+                    stuck.append(Stuck(run=found, why=found.detail or "lease expired, no terminal record"))
+                    stuck_ids.add(e.run_id)
+
+        return JobStats(
+            job=job, info=info, now=now, window_start=window_start,
+            schedule=info.schedule if info and info.schedule else (
+                f"every {format_duration(period)}" if period else None),
+            period=period, grace=t.grace(info, period), schedule_error=schedule_error,
+            runs=len(window), completed=len(durations), durations=tuple(durations),
+            p50=quantile(durations, 0.5) if durations else None,
+            p95=quantile(durations, 0.95) if durations else None,
+            max=durations[-1] if durations else None,
+            outcomes=outcomes,
+            failures=outcomes.get(Outcome.FAILED, 0) + outcomes.get(Outcome.TIMED_OUT, 0),
+            lease_losses=outcomes.get(Outcome.LEASE_LOST, 0),
+            skips=skips, skips_in_a_row=in_a_row, overlaps=len(overlapped), open_runs=len(opened),
+            last_start=last_start, last_attempt=last_attempt, last_success=last_success,
+            overlap_list=tuple(overlap_list), stuck=tuple(stuck),
+            events_truncated=len(events) >= t.event_limit,
+        )  # fmt: skip
+
+    def audit(self) -> list[JobStats]:
+        """Every known job's statistics. Read-only."""
+        now = self.clock.wall()
+        opened = self.store.open_runs()
+        by_job: dict[str, list[RunRecord]] = {}
+        for r in opened:
+            by_job.setdefault(r.job, []).append(r)
+        return [
+            self._read(name, info, now, by_job.get(name, []))
+            for name, info in self.known_jobs(opened).items()
+        ]
+
+    # -- findings ---------------------------------------------------------
+
+    def states(self, job: str) -> dict[tuple[EventKind, str | None], Event]:
+        """The last finding event of each (rule, run id) of ``job``: its state."""
+        found = self.store.events(
+            EventQuery(job=job, kinds=FINDING_KINDS, limit=self.thresholds.finding_limit)
+        )
+        found.sort(key=lambda e: (e.at, e.seq or 0))
+        last: dict[tuple[EventKind, str | None], Event] = {}
+        for e in found:
+            if "state" not in e.data and e.kind is not EventKind.OVERLAP:
+                continue  # a fact (e.g. a scheduler's missed slot), not a finding
+            last[(e.kind, e.run_id if e.kind in PER_RUN else None)] = e
+        return last
+
+    def evaluate(self, *, record: bool = True) -> Pass:
+        """One pass over every job: statistics, rules, and the findings that
+        changed state recorded as events (unless ``record`` is false). Open
+        runs whose lease expired are recorded ``abandoned`` (G6)."""
+        now = self.clock.wall()
+        opened = self.store.open_runs()
+        by_job: dict[str, list[RunRecord]] = {}
+        for r in opened:
+            by_job.setdefault(r.job, []).append(r)
+        all_stats: list[JobStats] = []
+        active: list[Condition] = []
+        raised: list[Event] = []
+        resolved: list[Event] = []
+        abandoned: list[str] = []
+        for name, info in self.known_jobs(opened).items():
+            stats = self._read(name, info, now, by_job.get(name, []))
+            all_stats.append(stats)
+            conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
+            if record:
+                abandoned.extend(self._abandon_expired(stats, now))
+            states = self.states(name)
+            # An ended run's finding that was resolved (acknowledged) stays resolved.
+            conditions = [
+                c for c in conditions
+                if not (c.once and c.key in states and states[c.key].data.get("state", RAISED) != RAISED)
+            ]  # fmt: skip
+            active.extend(conditions)
+            holding = {c.key for c in conditions}
+            for c in conditions:
+                last = states.get(c.key)
+                if last is not None and (c.once or last.data.get("state", RAISED) == RAISED):
+                    continue
+                event = Event(
+                    kind=c.rule, job=name, run_id=c.run_id, at=now,
+                    data={"state": RAISED, "severity": c.severity.name.lower(), "summary": c.summary,
+                          **c.data},
+                )  # fmt: skip
+                raised.append(event)
+            for o in stats.overlap_list:
+                if not o.live and (EventKind.OVERLAP, o.run_id) not in states:
+                    # Both runs ended before any pass saw them: record the fact, raised and resolved.
+                    c = OverlapRule.condition(name, o)
+                    fact = {
+                        "state": RAISED,
+                        "severity": c.severity.name.lower(),
+                        "summary": c.summary,
+                        **c.data,
+                    }
+                    raised.append(Event(kind=c.rule, job=name, run_id=c.run_id, at=now, data=fact))
+                    states[c.key] = raised[-1]
+            for key, last in states.items():
+                if key in holding or last.data.get("state", RAISED) != RAISED:
+                    continue
+                rule, run_id = key
+                if rule is EventKind.STUCK and run_id is not None and self._still_abandoned(run_id):
+                    # Out of the window, but nobody has looked at it: later successes do not
+                    # hide a run that died mid-work. ``acknowledge`` resolves it.
+                    active.append(_kept(last))
+                    continue
+                gone: dict[str, Any] = {"state": RESOLVED, "raised_at": last.at,
+                                        "summary": _resolution(rule, run_id)}  # fmt: skip
+                gone.update({k: last.data[k] for k in ("holder_run_id", "run_ids") if k in last.data})
+                resolved.append(Event(kind=rule, job=name, run_id=run_id, at=now, data=gone))
+        if record:
+            for event in (*raised, *resolved):
+                self.store.record(event)
+        return Pass(
+            at=now, stats=tuple(all_stats), active=tuple(active), raised=tuple(raised),
+            resolved=tuple(resolved), abandoned=tuple(abandoned), open_runs=tuple(opened),
+        )  # fmt: skip
+
+    def _still_abandoned(self, run_id: str) -> bool:
+        run = self.store.run(run_id)
+        return run is not None and run.outcome is Outcome.ABANDONED
+
+    def _abandon_expired(self, stats: JobStats, now: float) -> list[str]:
+        return abandon_expired(self.store, [s.run for s in stats.stuck], now, "the monitor")
+
+    def acknowledge(self, job: str, rule: EventKind, run_id: str | None = None, *, by: str = "") -> Event:
+        """Resolve a raised finding by hand (e.g. a stuck, abandoned run someone
+        has looked at). It is raised again only if its condition starts anew."""
+        event = Event(
+            kind=rule, job=job, run_id=run_id if rule in PER_RUN else None, at=self.clock.wall(),
+            data={"state": RESOLVED, "acknowledged": True, "by": by,
+                  "summary": f"acknowledged{f' by {by}' if by else ''}"},
+        )  # fmt: skip
+        self.store.record(event)
+        return event
+
+
+def _kept(last: Event) -> Condition:
+    """A raised finding whose condition is out of sight but still stands."""
+    return Condition(
+        rule=last.kind, job=last.job, run_id=last.run_id, severity=Severity.CRITICAL,
+        summary=str(last.data.get("summary", "")) + " (not acknowledged)", data=dict(last.data),
+    )  # fmt: skip
+
+
+def _resolution(rule: EventKind, run_id: str | None) -> str:
+    return {
+        EventKind.SLOW: "p95 is back under the threshold",
+        EventKind.SKIPS_IN_A_ROW: "a run started",
+        EventKind.MISSED: "a start arrived",
+        EventKind.GRACE_TOO_WIDE: "grace is now under the period",
+        EventKind.STUCK: f"run {run_id} ended",
+        EventKind.OVERLAP: f"run {run_id} no longer overlaps an earlier run",
+        EventKind.POLICY_UNDECIDED: "the policy has a reason, or the period is over twice the p95",
+    }.get(rule, "no longer holds")

@@ -1,0 +1,285 @@
+"""One job's statistics over the monitor's window, the verdict they give,
+and the window and thresholds themselves."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cronwarden.errors import UsageError
+from cronwarden.events import EventKind, JobInfo, Outcome, RunRecord
+
+COMPLETED: frozenset[Outcome] = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.TIMED_OUT})
+"""Outcomes whose duration is the work's own: a run that was abandoned,
+replaced or lost its lease was cut short by something else."""
+
+WINDOW_EVENT_KINDS: tuple[EventKind, ...] = (
+    EventKind.SKIPPED,
+    EventKind.QUEUED,
+    EventKind.QUEUE_FULL,
+    EventKind.OVERLAP,
+    EventKind.ABANDONED,
+)
+
+ATTEMPT_KINDS = frozenset({EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL})
+"""Refused starts: the scheduler did fire, so the slot was not missed."""
+
+
+class Verdict(enum.StrEnum):
+    """What ``audit`` says of a job, from its statistics (worst first)."""
+
+    OVERLAPPING = "overlapping"
+    """Two runs of the same job (same partition) were open at once in the window."""
+    AT_RISK = "at risk"
+    """p95 ≥ the slow threshold of the period (default 2/3), N skips in a row, or a stuck run:
+    one slow night away from an overlap, or already not fitting its slot."""
+    WATCH = "watch"
+    """The period is under twice the p95: write down what a second start does."""
+    OK = "ok"
+    UNKNOWN = "unknown"
+    """No period (no schedule known) or no completed run in the window."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    """The window and the thresholds of the rules. Every field has a flag on
+    ``audit``, ``check`` and ``monitor`` (see docs/monitoring.md)."""
+
+    runs: int = 50
+    """Statistics cover at most the last ``runs`` runs ..."""
+    days: float = 7.0
+    """... started in the last ``days`` days."""
+    slow: float = 2 / 3
+    """``slow`` when p95 ≥ ``slow`` × period."""
+    skips_in_a_row: int = 3
+    min_runs: int = 3
+    """Completed runs needed before ``slow`` and ``policy_undecided`` are judged."""
+    grace_fraction: float = 0.5
+    grace_cap: float = 3600.0
+    """A job without a grace gets min(period × grace_fraction, grace_cap)."""
+    event_limit: int = 1000
+    """Most refusal/overlap events read per job per pass (counts cap here)."""
+    finding_limit: int = 500
+    """Most finding events read per job to derive the current states."""
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise UsageError(f"--runs must be at least 1, got {self.runs}")
+        if not self.days > 0:
+            raise UsageError(f"--days must be greater than zero, got {self.days:g}")
+        if not 0 < self.slow <= 10:
+            raise UsageError(f"--slow must be a fraction of the period like 0.67 or 2/3, got {self.slow:g}")
+        if self.skips_in_a_row < 1:
+            raise UsageError(f"--skips must be at least 1, got {self.skips_in_a_row}")
+        if self.min_runs < 1:
+            raise UsageError(f"--min-runs must be at least 1, got {self.min_runs}")
+
+    def grace(self, info: JobInfo | None, period: float | None) -> float | None:
+        if info is not None and info.grace is not None:
+            return info.grace
+        if period is None:
+            return None
+        return min(period * self.grace_fraction, self.grace_cap)
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted values, interpolated linearly between closest
+    ranks (numpy's default; ``statistics.quantiles(method="inclusive")``)."""
+    if not ordered:
+        raise ValueError("quantile of no values")
+    h = (len(ordered) - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (h - lo)
+
+
+def parse_schedule(text: str) -> Any:
+    """``Schedule`` from what a ``JobInfo`` keeps (``CRON_TZ=Zone expr`` too)."""
+    from cronwarden.schedule import Schedule
+
+    t = text.strip()
+    tz = None
+    if t.upper().startswith("CRON_TZ="):
+        head, _, t = t.partition(" ")
+        tz = head.split("=", 1)[1]
+    return Schedule.parse(t, tz)
+
+
+def partition(run: RunRecord) -> str:
+    """Runs that may not overlap share a partition: the lease key without the
+    side-lease suffix (``job+run_id`` of policy allow and of report-only
+    runs). Shards (``job:shard``) are separate partitions by design."""
+    return run.key.partition("+")[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overlap:
+    """Run ``run_id`` started while the earlier runs ``earlier`` of the same
+    partition were open."""
+
+    run_id: str
+    earlier: tuple[str, ...]
+    at: float
+    live: bool
+    """True while ``run_id`` and at least one of ``earlier`` are still open."""
+
+
+def find_overlaps(runs: Iterable[RunRecord]) -> list[Overlap]:
+    """Every start that arrived while an earlier run of its partition was
+    open. One sweep in start order per partition: the runs still open at each
+    start are the few whose end is later, so this is linear in practice."""
+    by_part: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        by_part.setdefault(partition(r), []).append(r)
+    found: list[Overlap] = []
+    for part in by_part.values():
+        part.sort(key=lambda r: (r.started_at, r.run_id))
+        still_open: list[RunRecord] = []
+        for later in part:
+            at = later.started_at
+            still_open = [r for r in still_open if r.ended_at is None or r.ended_at > at]
+            if still_open:
+                live = later.outcome is None and any(r.outcome is None for r in still_open)
+                earlier = tuple(r.run_id for r in still_open)
+                found.append(Overlap(run_id=later.run_id, earlier=earlier, at=at, live=live))
+            still_open.append(later)
+    return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stuck:
+    run: RunRecord
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStats:
+    """One job's statistics over the window (last N runs, last D days)."""
+
+    job: str
+    info: JobInfo | None
+    now: float
+    window_start: float
+    schedule: str | None
+    period: float | None
+    grace: float | None
+    runs: int
+    """Runs started in the window (open ones included)."""
+    completed: int
+    durations: tuple[float, ...] = ()
+    """Durations of the completed runs in the window, ascending."""
+    p50: float | None = None
+    p95: float | None = None
+    max: float | None = None
+    outcomes: Mapping[str, int] = field(default_factory=dict)
+    """Runs in the window by outcome (``running`` for open ones)."""
+    failures: int = 0
+    lease_losses: int = 0
+    skips: int = 0
+    skips_in_a_row: int = 0
+    overlaps: int = 0
+    open_runs: int = 0
+    last_start: float | None = None
+    last_attempt: float | None = None
+    """Latest start or refused start: when the scheduler last fired."""
+    last_success: float | None = None
+    overlap_list: tuple[Overlap, ...] = ()
+    stuck: tuple[Stuck, ...] = ()
+    events_truncated: bool = False
+    schedule_error: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """p95 as a share of the period."""
+        if self.p95 is None or not self.period:
+            return None
+        return self.p95 / self.period
+
+    @property
+    def policy(self) -> str:
+        return self.info.policy if self.info else "skip"
+
+    @property
+    def reason(self) -> str:
+        return self.info.reason if self.info else ""
+
+    def undecided(self, thresholds: Thresholds) -> bool:
+        """Period under twice the p95 (over enough runs) and no written reason
+        for the policy."""
+        r = self.ratio
+        enough = self.completed >= thresholds.min_runs
+        return enough and r is not None and r > 0.5 and not self.reason.strip()
+
+    def verdict(self, thresholds: Thresholds) -> Verdict:
+        if self.overlaps:
+            return Verdict.OVERLAPPING
+        r = self.ratio
+        enough = self.completed >= thresholds.min_runs
+        if (
+            (enough and r is not None and r >= thresholds.slow)
+            or self.skips_in_a_row >= thresholds.skips_in_a_row
+            or self.stuck
+        ):
+            return Verdict.AT_RISK
+        if r is None or not enough:
+            return Verdict.UNKNOWN
+        if r > 0.5:
+            return Verdict.WATCH
+        return Verdict.OK
+
+    def notes(self, thresholds: Thresholds) -> list[str]:
+        out: list[str] = []
+        if self.schedule_error:
+            out.append(self.schedule_error)
+        elif self.period is None:
+            out.append("no schedule known")
+        if self.completed < thresholds.min_runs:
+            out.append(f"{self.completed} completed run{'s' * (self.completed != 1)}")
+        if self.overlaps:
+            out.append(f"{self.overlaps} overlap{'s' * (self.overlaps != 1)}")
+        if self.skips_in_a_row:
+            out.append(f"{self.skips_in_a_row} skips in a row")
+        elif self.skips:
+            out.append(f"{self.skips} skip{'s' * (self.skips != 1)}")
+        if self.stuck:
+            out.append(f"{len(self.stuck)} stuck")
+        if self.failures:
+            out.append(f"{self.failures} failed")
+        if self.lease_losses:
+            out.append(f"{self.lease_losses} lease lost")
+        if self.undecided(thresholds):
+            out.append("policy has no written reason")
+        return out
+
+    def as_dict(self, thresholds: Thresholds) -> dict[str, Any]:
+        r = self.ratio
+        return {
+            "job": self.job,
+            "schedule": self.schedule,
+            "period": self.period,
+            "grace": self.grace,
+            "runs": self.runs,
+            "completed": self.completed,
+            "p50": self.p50,
+            "p95": self.p95,
+            "max": self.max,
+            "p95_share_of_period": None if r is None else round(r, 4),
+            "policy": self.policy,
+            "reason": self.reason,
+            "undecided": self.undecided(thresholds),
+            "verdict": self.verdict(thresholds).value,
+            "outcomes": dict(self.outcomes),
+            "failures": self.failures,
+            "lease_losses": self.lease_losses,
+            "skips": self.skips,
+            "skips_in_a_row": self.skips_in_a_row,
+            "overlaps": self.overlaps,
+            "open_runs": self.open_runs,
+            "stuck": [s.run.run_id for s in self.stuck],
+            "last_start": self.last_start,
+            "last_success": self.last_success,
+            "notes": self.notes(thresholds),
+        }

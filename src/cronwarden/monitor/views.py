@@ -1,0 +1,116 @@
+"""Read models of the ledger, shared by the command line and the dashboard:
+one job's audit line, a finding that holds, a job's history, the runs open
+now, and how times and durations are written."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from cronwarden.durations import format_duration
+from cronwarden.events import EventKind, RunRecord
+from cronwarden.stores.base import EventQuery
+
+if TYPE_CHECKING:
+    from cronwarden.monitor import Condition, JobStats, Thresholds
+    from cronwarden.stores.base import Store
+
+
+def when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def dur(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(seconds)
+
+
+def strict_failures(stats: JobStats, thresholds: Thresholds) -> list[str]:
+    """Why ``audit --strict`` fails for one job (empty: it passes)."""
+    from cronwarden.monitor import Verdict
+
+    verdict = stats.verdict(thresholds)
+    decided = stats.policy == "allow" and stats.reason.strip()
+    why = []
+    if verdict is Verdict.AT_RISK:
+        why.append("at risk")
+    if verdict is Verdict.OVERLAPPING and not decided:
+        why.append("overlapping")
+    if stats.undecided(thresholds):
+        why.append("undecided")
+    return why
+
+
+def audit_item(stats: JobStats, thresholds: Thresholds) -> dict[str, Any]:
+    """One job as ``audit --json`` (and the dashboard's ``/api/jobs``) shows it."""
+    return {**stats.as_dict(thresholds), "strict": strict_failures(stats, thresholds)}
+
+
+def condition_item(c: Condition) -> dict[str, Any]:
+    """A finding that holds, as ``check --json`` (and the dashboard's ``/api/jobs``) shows it."""
+    return {"severity": c.severity.name.lower(), "job": c.job, "rule": c.rule.value, "run_id": c.run_id,
+            "summary": c.summary, "data": dict(c.data)}  # fmt: skip
+
+
+REFUSALS = (EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL, EventKind.OVERLAP)
+"""The starts that met an open run, shown between a job's runs."""
+
+
+def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
+    """A job's last ``limit`` runs and the refused or overlapping starts
+    since the oldest of them, newest first, as ``history --json`` and the
+    dashboard show them."""
+    runs = store.runs(job, limit)
+    since = runs[-1].started_at if runs else None
+    refusals = store.events(EventQuery(job=job, kinds=REFUSALS, since=since, limit=10_000))
+    items: list[tuple[float, dict[str, Any]]] = []
+    for r in runs:
+        items.append((r.started_at, {
+            "type": "run", "run_id": r.run_id, "started_at": r.started_at, "host": r.host, "pid": r.pid,
+            "token": r.token, "outcome": r.outcome.value if r.outcome else "running",
+            "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
+        }))  # fmt: skip
+    for e in refusals:
+        items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
+    items.sort(key=lambda item: item[0], reverse=True)
+    return [i for _, i in items]
+
+
+def history_note(item: dict[str, Any]) -> str:
+    """What a ``history_items`` item's NOTE says: a run's detail or exit
+    status; a refused start's holder and how long it had held."""
+    if item["type"] == "run":
+        return str(item["detail"] or ("" if item["exit_code"] in (None, 0) else f"exit {item['exit_code']}"))
+    age = item.get("holder_age")
+    held = f" for {format_duration(age)}" if isinstance(age, int | float) else ""
+    return f"held by {item.get('holder_run_id', '?')}{held}"
+
+
+def state(run: RunRecord) -> str:
+    if run.expires_in is None:
+        return "lease gone"
+    if run.expires_in <= 0:
+        return "expired (abandoned at next start)"
+    return "running"
+
+
+def open_runs(
+    store: Store, job: str | None = None, runs: Sequence[RunRecord] | None = None
+) -> list[tuple[RunRecord, int]]:
+    """The runs open now (or ``runs``, read already), each with its lease's
+    pending (queued) starts."""
+    out = []
+    for r in store.open_runs(job) if runs is None else runs:
+        info = store.lease(r.key)
+        out.append((r, info.pending if info else 0))
+    return out
+
+
+def open_run_item(r: RunRecord, pending: int, now: float) -> dict[str, Any]:
+    """An open run as ``status --json`` and the dashboard's API show it."""
+    return {
+        "job": r.job, "run_id": r.run_id, "key": r.key, "host": r.host, "pid": r.pid,
+        "started_at": r.started_at, "age": round(now - r.started_at, 3), "token": r.token,
+        "lease_expires_in": None if r.expires_in is None else round(r.expires_in, 3),
+        "state": state(r).split(" ")[0], "pending": pending,
+    }  # fmt: skip
