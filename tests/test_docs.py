@@ -43,13 +43,14 @@ is wrong fails.
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.conftest import POSTGRES_URL, REDIS_URL, BackendProbe, unavailable
 from tests.docs.blocks import Block, Document, parse_document
-from tests.docs.runner import DocSession, Servers, output_matches, transcript
+from tests.docs.runner import DocSession, Servers, cronwarden_command, output_matches, transcript
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))]
@@ -127,6 +128,27 @@ def test_docs_name_nothing_a_user_cannot_look_up(doc: str) -> None:
         for number, line in enumerate((ROOT / doc).read_text().splitlines(), start=1)
         for m in INTERNAL.finditer(line)
     ]
+    assert found == [], "say it in words:\n" + "\n".join(found)
+
+
+def _commands() -> list[str]:
+    """The commands ``cronwarden --help`` lists."""
+    out = subprocess.run([str(cronwarden_command()), "--help"], capture_output=True, text=True).stdout
+    listed = out.partition("commands:")[2].split("\n\n")[0]
+    return [line.split()[0] for line in listed.splitlines() if line.strip()]
+
+
+def test_help_names_nothing_a_user_cannot_look_up() -> None:
+    commands = _commands()
+    assert "run" in commands
+    found = []
+    for argv in [["--help"], *([command, "--help"] for command in commands)]:
+        out = subprocess.run([str(cronwarden_command()), *argv], capture_output=True, text=True).stdout
+        found += [
+            f"cronwarden {' '.join(argv)}: {line.strip()}"
+            for line in out.splitlines()
+            if INTERNAL.search(line)
+        ]
     assert found == [], "say it in words:\n" + "\n".join(found)
 
 

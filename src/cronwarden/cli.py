@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("cronwarden.commands.views", "the runs open now, on every host"),
     "history": ("cronwarden.commands.views", "a job's recent runs and the skips between them"),
     "config": ("cronwarden.commands.config", "check the config file, or show each job's resolved settings"),
-    "demo": ("cronwarden.demo", "the seed incident in compressed time: naive cron vs guarded"),
+    "demo": ("cronwarden.demo", "an overlap incident in compressed time: naive cron vs guarded"),
     "audit": ("cronwarden.commands.monitor", "every job's durations against its period, policy and verdict"),
     "check": ("cronwarden.commands.monitor", "one monitoring pass; exit 0 ok, 1 warning, 2 critical"),
     "monitor": ("cronwarden.commands.monitor", "evaluate in a loop: record findings, deliver the outbox"),
