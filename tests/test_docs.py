@@ -28,7 +28,7 @@ directives::
 
     <!-- doc-test: skip (output of the command above) -->
     <!-- doc-test: file=bad.toml; exit=2 -->
-    <!-- doc-test: runs-for=1s -->            each line a daemon: alive after 1s, exits 0 on SIGTERM
+    <!-- doc-test: runs-for=2s -->            each line a daemon: alive after 2s, exits 0 on SIGTERM
     <!-- doc-test: stand-in /opt/bin/reconcile -->      the path becomes a script that exits 0
     <!-- doc-test: replace OLD => NEW -->      NEW may name {postgres}, {redis}, {schema}, {dir}
     <!-- doc-test: env NAME=VALUE; timeout=60s -->
