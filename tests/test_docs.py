@@ -201,7 +201,23 @@ def test_a_later_block_sees_an_earlier_blocks_files_and_ledger(tmp_path: Path) -
         "sh", 'test "$(cat greeting)" = hello\ncronwarden history first | grep -q succeeded\n'
     )
     assert [ok for ok, _ in _outcomes(tmp_path, markdown)] == [True, True]
-    assert (tmp_path / "cronwarden.db").exists()
+    assert (tmp_path / ".local" / "state" / "cronwarden" / "cronwarden.db").exists()
+
+
+def test_a_cron_line_gets_crons_environment_and_writes_the_documents_ledger(tmp_path: Path) -> None:
+    markdown = fence("cron", "* * * * *  env > cron-env; cronwarden run --job nightly -- true\n") + fence(
+        "sh", "cronwarden history nightly | grep -q succeeded\n"
+    )
+    assert [ok for ok, _ in _outcomes(tmp_path, markdown)] == [True, True]
+    names = {line.split("=", 1)[0] for line in (tmp_path / "cron-env").read_text().splitlines()}
+    assert "CRONWARDEN_STORE" not in names
+    assert {"HOME", "PATH", "SHELL"} <= names
+
+
+def test_a_replacement_that_is_not_in_the_block_fails(tmp_path: Path) -> None:
+    [(ok, message)] = _outcomes(tmp_path, fence("sh", "true\n", "replace /etc/cronwarden.toml => x"))
+    assert not ok
+    assert "replace '/etc/cronwarden.toml': not in the block" in message
 
 
 def test_a_toml_example_with_a_mistake_fails_config_check(tmp_path: Path) -> None:

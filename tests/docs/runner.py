@@ -48,7 +48,11 @@ class Outcome:
 
 
 class Unavailable(Exception):
-    pass
+    """A server the block needs is absent."""
+
+
+class BlockError(Exception):
+    """The block's annotations do not fit its text."""
 
 
 @dataclass
@@ -90,19 +94,25 @@ class DocSession:
         self._scratch.mkdir(parents=True, exist_ok=True)
         self.results: dict[int, Outcome] = {}
         bin_dir = str(cronwarden_command().parent)
+        state = directory / ".local" / "state"
+        # The store is where cronwarden looks by default under this HOME, so a
+        # cron line (which gets no CRONWARDEN_STORE) writes the same ledger.
+        self.store = state / "cronwarden" / "cronwarden.db"
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRONWARDEN_")}
         env.update(
             HOME=str(directory),
-            XDG_STATE_HOME=str(directory / ".local" / "state"),
-            CRONWARDEN_STORE=f"sqlite:///{directory / 'cronwarden.db'}",
+            XDG_STATE_HOME=str(state),
+            CRONWARDEN_STORE=f"sqlite:///{self.store}",
             PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', CRON_PATH)}",
+            PYTHONUSERBASE=site.getuserbase(),  # HOME moved: keep a --user install importable
         )
-        env["PYTHONUSERBASE"] = site.getuserbase()  # HOME moved: keep a --user install importable
         self.env = env
-        self.cron_env = {
-            **{k: v for k, v in env.items() if k != "PATH"},
+        self.cron_env = {  # what cron gives a command, and no more
+            "HOME": str(directory),
+            "LOGNAME": env.get("LOGNAME", env.get("USER", "")),
             "PATH": f"{bin_dir}{os.pathsep}{CRON_PATH}",
             "SHELL": "/bin/sh",
+            "PYTHONUSERBASE": env["PYTHONUSERBASE"],
         }
 
     # -- the document, in order --------------------------------------------
@@ -118,7 +128,8 @@ class DocSession:
                 failed_before.append(earlier.id)
         outcome = self._outcome(block)
         if not outcome.ok and failed_before:
-            outcome.message += f"\n(an earlier block of this document failed too: {', '.join(failed_before)})"
+            why = f"\n(an earlier block of this document failed too: {', '.join(failed_before)})"
+            return Outcome(ok=False, message=outcome.message + why, unavailable=outcome.unavailable)
         return outcome
 
     def _outcome(self, block: Block) -> Outcome:
@@ -135,6 +146,8 @@ class DocSession:
             outcome: Outcome = runner(block, text, env)
         except Unavailable as e:
             return Outcome(ok=False, unavailable=str(e))
+        except BlockError as e:
+            return Outcome(ok=False, message=f"{block.id}: {e}")
         return outcome
 
     def close(self) -> None:
@@ -194,11 +207,11 @@ class DocSession:
         text = block.text
         for old, new in d.replace:
             if old not in text:
-                raise AssertionError(f"{block.id}: replace {old!r}: not in the block")
+                raise BlockError(f"replace {old!r}: not in the block")
             text = text.replace(old, self._fill(new))
         for path in d.stand_ins:
             if path not in text:
-                raise AssertionError(f"{block.id}: stand-in {path!r}: not in the block")
+                raise BlockError(f"stand-in {path!r}: not in the block")
             # An absolute path is made in the directory and replaced; ./NAME is made there as it is.
             stand_in = self.dir / ("stand-ins" + path if path.startswith("/") else path)
             stand_in.parent.mkdir(parents=True, exist_ok=True)
