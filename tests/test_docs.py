@@ -3,7 +3,8 @@
 Each fenced code block is a test case named by its lines (``README.md:72-87``).
 The blocks of one document run in document order in one temporary directory
 (the working directory and ``HOME``), with ``CRONWARDEN_STORE`` a fresh
-SQLite file there, so a later block can use an earlier one's files and ledger.
+SQLite file there (cronwarden's default location under that ``HOME``), so a
+later block can use an earlier one's files and ledger.
 
 How each language is run:
 
@@ -16,8 +17,9 @@ How each language is run:
 - ``toml``: written to ``cronwarden.toml`` (or ``file=``) and checked with
   ``cronwarden config check``;
 - ``cron``: each line's command, after the five time fields, runs as cron
-  runs it (``/bin/sh -c``, cron's short PATH with the cronwarden under test
-  first); the schedule must parse and the command hold no bare ``%``;
+  runs it (``/bin/sh -c``, only cron's environment: its short PATH with the
+  cronwarden under test first); the schedule must parse and the command hold
+  no bare ``%``;
 - ``sql``: on the PostgreSQL test server, in a schema of the test's, after a
   cronwarden store has created its tables there;
 - ``text``, ``json``, ``diff``: read only, not run. A fence with no language,
