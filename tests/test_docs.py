@@ -299,6 +299,36 @@ def test_a_block_needing_an_absent_server_is_unavailable_not_passed(tmp_path: Pa
     assert outcome.unavailable == "postgres: not in these tests"
 
 
+def test_server_placeholders_get_a_schema_and_a_prefix_of_their_own_removed_afterwards(
+    tmp_path: Path, backend_probe: BackendProbe
+) -> None:
+    for name in ("postgres", "redis"):
+        why = backend_probe.why_not(name)
+        if why:
+            unavailable(why)
+    import psycopg
+    import redis
+
+    body = "cronwarden run --store 'PG' --job pg -- true\ncronwarden run --store 'RD' --job rd -- true\n"
+    doc = parse_document("example.md", fence("sh", body, "replace PG => {postgres}; replace RD => {redis}"))
+    session = DocSession(doc, tmp_path, Servers(POSTGRES_URL, REDIS_URL, backend_probe.why_not))
+    client = redis.Redis.from_url(REDIS_URL)
+    schema_query = "SELECT count(*) FROM pg_namespace WHERE nspname = %s"
+    try:
+        outcome = session.run(doc.blocks[0])
+        assert outcome.ok, outcome.message
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            assert conn.execute(schema_query, [session.schema]).fetchone() == (1,)
+        assert list(client.scan_iter(match=f"{session.prefix}*"))
+        session.close()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            assert conn.execute(schema_query, [session.schema]).fetchone() == (0,)
+        assert list(client.scan_iter(match=f"{session.prefix}*")) == []
+    finally:
+        session.close()
+        client.close()
+
+
 def test_unknown_directives_missing_reasons_and_bare_fences_are_problems() -> None:
     doc = parse_document(
         "example.md",
