@@ -42,7 +42,7 @@ for w in todo:
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = (
-        "Replays the seed incident: a job whose runtime creeps up until one slow night overlaps the "
+        "Replays an overlap incident: a job whose runtime creeps up until one slow night overlaps the "
         "next start. First as plain cron (every fire starts), then under cronwarden run. Prints a "
         "timeline and how many windows were processed twice. Real processes, a temporary SQLite "
         "store, about 20 seconds."

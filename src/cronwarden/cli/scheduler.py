@@ -16,8 +16,8 @@ EPILOG = """jobs: every [jobs.NAME] table with a command and a schedule (or ever
   max_runtime and sinks like a cron line; a job with shards starts one run per shard.
 
 several hosts: start the same config on each, with a store they share (postgresql://…,
-  redis://…). Each fire is claimed in the store by job and time: one instance runs it
- , the others print who did. An instance that stops loses nothing but its own fires.
+  redis://…). Each fire is claimed in the store by job and time: one instance runs it,
+  the others print who did. An instance that stops loses nothing but its own fires.
 
 stopping: SIGTERM, Ctrl-C or SIGHUP (unless under nohup) stops firing, sends SIGTERM to
   the runs still going (each stops its command and records how it ended) and waits up to
