@@ -43,8 +43,8 @@ valgrind, so it is measured with the fallback applied: the diff to
 ``git log -S _exit_descriptor``, or ``--fallback COMMIT``), and the output
 says so.
 
-    python bench/run_instructions.py                        # sqlite, 5 rounds: ~1 minute
-    python bench/run_instructions.py --store all --config   # 6 variants: ~5 minutes
+    python bench/run_instructions.py                        # sqlite, 5 rounds: under a minute
+    python bench/run_instructions.py --store all --config   # 6 variants: ~7 minutes
     python bench/run_instructions.py --against REF --runs 3 --out DIR
 
 ``--out DIR`` keeps the callgrind files (``callgrind_annotate`` reads them) to
