@@ -2,9 +2,11 @@
 forwarded, killed with its supervisor (G5), stopped before the lease could
 expire (G3).
 
-Waiting is event-driven: a pidfd for the child's exit and a pipe the
-heartbeat writes to when the lease is lost; the only timed wake-ups are the
-deadlines themselves.
+Waiting is event-driven: a descriptor that becomes readable when the child
+exits and a pipe the heartbeat writes to when the lease is lost; the only
+timed wake-ups are the deadlines themselves. The child's descriptor is a
+pidfd, or where ``pidfd_open`` fails (kernels before 5.3, seccomp sandboxes
+that refuse it, valgrind) a pipe only the child holds open (``_exit_descriptor``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from cronwarden.errors import LeaseLost, LeaseRevoked, UsageError
@@ -43,9 +45,8 @@ def _prctl() -> Callable[..., int]:
     return prctl
 
 
-def _keep(
-    argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, prctl: Callable[..., int]
-) -> int:
+def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, held: int,
+          prctl: Callable[..., int]) -> int:  # fmt: skip
     """The keeper: a fork of the supervisor (no exec) that starts the command
     in a new process group and answers for the whole group.
 
@@ -57,8 +58,11 @@ def _keep(
     command is reaped here rather than left a zombie, and when the command
     exits it stops what the command left behind, in its group or out of it
     (``_sweep``): the run ends with its command.
+
+    ``held`` is the write end of the supervisor's exit pipe: kept open, never
+    written, it closes when the keeper exits (``_exit_descriptor``).
     """
-    _close_fds(keep=report)
+    _close_fds(keep=(report, held))
     # A group of its own: a kill of the supervisor's whole group (timeout -k,
     # kill -9 -PGID) must leave the keeper alive to take the command down.
     os.setpgid(0, 0)
@@ -221,39 +225,67 @@ def _give_back_terminal(foreground: int) -> None:
         pass
 
 
-def _close_fds(keep: int) -> None:
-    """Close every descriptor above stderr but ``keep`` (like Popen's
+def _close_fds(keep: Collection[int]) -> None:
+    """Close every descriptor above stderr but those in ``keep`` (like Popen's
     close_fds): the store's sockets and files are the supervisor's."""
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd != keep:
+        if fd > 2 and fd not in keep:
             try:
                 os.close(fd)
             except OSError:
                 pass
 
 
+def _exit_descriptor(pid: int, pipe: int) -> tuple[int, bool]:
+    """A descriptor that becomes readable when the child ``pid`` exits, and
+    whether it is a pidfd; ``pipe`` is the read end of a pipe whose write end
+    only that child holds, closed here if a pidfd is had.
+
+    A pidfd is readable exactly when the child can be reaped. Where there is
+    none, the pipe reports EOF once the child's descriptors are closed, which
+    the kernel does as it exits, moments before the child can be reaped
+    (``Child.poll`` waits out those moments). Not a SIGCHLD handler with
+    ``signal.set_wakeup_fd``: that is the main thread's, one per process (it
+    would displace asyncio's or the application's), and changes what every
+    child's exit does to the whole process.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        # ENOSYS: a kernel before 5.3, or valgrind; EPERM: a seccomp filter;
+        # AttributeError: an os module built without it. Or out of
+        # descriptors: the pipe is already open.
+        return pipe, False
+    os.close(pipe)
+    return pidfd, True
+
+
 class Child:
-    """The command's keeper (waited on through a pidfd) and the command's
-    process group (signalled)."""
+    """The command's keeper (waited on through ``fileno()``, readable when it
+    exits) and the command's process group (signalled)."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         """Start ``argv`` (never through a shell) under a keeper that dies
         with us and takes the command's group with it."""
         prctl = _prctl()  # load libc before forking, not in the child
         report_r, report_w = os.pipe()
+        # Made before the fork, whether or not pidfd_open works: only the
+        # keeper may hold the write end (close-on-exec, so the command does not).
+        exit_r, exit_w = os.pipe()
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 127
             try:
-                code = _keep(argv, env, parent, report_w, prctl)
+                code = _keep(argv, env, parent, report_w, exit_w, prctl)
             finally:
                 os._exit(code)
         os.close(report_w)
+        os.close(exit_w)
         self.pid = pid
         self.returncode: int | None = None
-        self.pidfd = os.pidfd_open(pid)
+        self._exit_fd, self._pidfd = _exit_descriptor(pid, exit_r)
         with os.fdopen(report_r, "rb") as f:
             # EOF once the command exec'd (the pipe is close-on-exec) or failed.
             lines = f.read().decode().split()
@@ -274,19 +306,30 @@ class Child:
         if self.returncode is None and self.group:
             _killpg(self.group, signum)
 
+    def fileno(self) -> int:
+        """Readable once the keeper has exited (for ``select`` and ``poll``);
+        closed when it has been reaped."""
+        return self._exit_fd
+
     def poll(self) -> int | None:
         if self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if not pid and not self._pidfd and _readable(self._exit_fd):
+                # EOF on the exit pipe: the keeper is exiting (only its exit
+                # closes its end), it is reapable within moments, and until
+                # then the pipe stays readable; a loop selecting on it would
+                # spin, so block for those moments.
+                pid, status = os.waitpid(self.pid, 0)
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
-                os.close(self.pidfd)
+                os.close(self._exit_fd)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int | None:
         """The keeper's exit status (the command's), or None if still running
         after ``timeout``."""
         while self.poll() is None:
-            ready, _, _ = select.select([self.pidfd], [], [], timeout)
+            ready, _, _ = select.select([self], [], [], timeout)
             if not ready and timeout is not None:
                 return None
         return self.returncode
@@ -383,7 +426,7 @@ class Supervisor:
         clock = self.run.heartbeat.clock
         hb = self.run.heartbeat
         poller = select.poll()
-        poller.register(child.pidfd, select.POLLIN)
+        poller.register(child, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         while child.poll() is None:
             now = clock.monotonic()
