@@ -38,7 +38,7 @@ not usable as configured, or refuses a request outright, raises
 import abc
 import enum
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Self
+from typing import NamedTuple, Self
 
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
@@ -524,15 +524,3 @@ def holder_data(holder: Holder, now: float) -> dict[str, object]:
         "holder_age": round(now - holder.started_at, 3),
         "holder_token": holder.token,
     }
-
-
-def run_from_row(row: Sequence[Any], expires_in: float | None = None) -> RunRecord:
-    """A run record from the SQL stores' ``runs`` columns, in table order:
-    run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome,
-    exit_code, detail."""
-    run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome, exit_code, detail = row
-    return RunRecord(
-        run_id=run_id, job=job, key=key, host=host, pid=pid, token=token, slot=slot, started_at=started_at,
-        ended_at=ended_at, outcome=None if outcome is None else Outcome(outcome), exit_code=exit_code,
-        detail=detail, expires_in=expires_in,
-    )  # fmt: skip
