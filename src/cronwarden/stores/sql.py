@@ -101,7 +101,7 @@ def migrations(directory: str) -> dict[int, str]:
     current version is the highest number."""
     found: dict[int, str] = {}
     try:
-        names = os.listdir(directory)
+        names = sorted(os.listdir(directory))
     except OSError as e:
         raise StoreError(
             f"cannot read {directory}: {e.strerror}; is cronwarden installed with its package data?"
