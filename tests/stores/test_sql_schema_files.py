@@ -146,3 +146,41 @@ def test_every_statement_names_its_schema(file: str) -> None:
         ]
         assert unqualified == [], name
     assert sum("{s}." in statement for statement in found.values()) > len(found) / 2
+
+
+def _selected(statement: str) -> list[str]:
+    """The columns a SELECT lists, without table aliases."""
+    listed = statement.split("SELECT", 1)[1].split("FROM", 1)[0]
+    return [c.strip().split(".")[-1] for c in listed.split(",")]
+
+
+def _all_queries() -> dict[tuple[str, str], str]:
+    files = ["queries.sql", "sqlite/queries.sql", "postgres/queries.sql"]
+    return {(f, n): q for f in files for n, q in parse_queries((STORES / f).read_text(), f).items()}
+
+
+@pytest.mark.parametrize(
+    ("names", "columns"),
+    [
+        (["runs", "run", "open_runs", "open_runs_of_job"], sql.RUN_COLUMNS),
+        (["events", "undelivered"], sql.EVENT_COLUMNS),
+        (["jobs", "job"], sql.JOB_COLUMNS),
+    ],
+    ids=["runs", "events", "jobs"],
+)
+def test_every_read_lists_the_columns_in_the_order_its_record_is_built_from(
+    names: list[str], columns: tuple[str, ...]
+) -> None:
+    reads = {key: q for key, q in _all_queries().items() if key[1] in names and q.startswith("SELECT ")}
+    for key, statement in reads.items():
+        if _selected(statement) == ["*"]:  # a function's result: its RETURNS TABLE says the order
+            continue
+        assert tuple(_selected(statement)[: len(columns)]) == columns, key
+    assert len(reads) >= len(names)
+
+
+def test_save_job_writes_the_columns_in_jobinfo_order() -> None:
+    statement = parse_queries((STORES / "queries.sql").read_text(), "queries.sql")["save_job"]
+    listed = statement.split("(", 1)[1].split(")", 1)[0]
+
+    assert tuple(c.strip() for c in listed.split(",")) == sql.JOB_COLUMNS

@@ -60,34 +60,25 @@ def queries(path: str) -> dict[str, str]:
 
 
 def parse_queries(text: str, where: str) -> dict[str, str]:
-    """Named queries from a file's ``text`` (see the module docstring).
-    Line by line with string methods: no regular expression to compile on
-    the cron wrapper's path."""
+    """Named queries from a file's ``text`` (see the module docstring). Split
+    with string methods: no regular expression to compile on the cron
+    wrapper's path."""
     found: dict[str, str] = {}
-    name: str | None = None
-    body: list[str] = []
-
-    def close() -> None:
-        if name is None:
-            return
-        statement = "\n".join(body).strip().rstrip(";").rstrip()
+    for section in ("\n" + text).split("\n" + HEADER)[1:]:
+        header, _, body = section.partition("\n")
+        header = header.strip()
+        name = header[:-2].strip()
+        if not header.endswith("--") or not name.isidentifier():
+            raise StoreError(
+                f"{where}: {HEADER}{header!r} does not name a query (expected -- name: some_name --)"
+            )
+        lines = [line for line in body.split("\n") if line and not line.lstrip().startswith("--")]
+        statement = "\n".join(lines).strip().rstrip(";").rstrip()
         if not statement:
             raise StoreError(f"{where}: query {name!r} is empty")
         if name in found:
             raise StoreError(f"{where}: query {name!r} is defined twice")
         found[name] = statement
-
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith(HEADER) and stripped.endswith("--") and len(stripped) > len(HEADER) + 2:
-            close()
-            name = stripped[len(HEADER) : -2].strip()
-            if not name.isidentifier():
-                raise StoreError(f"{where}: {line!r} does not name a query (expected -- name: some_name --)")
-            body = []
-        elif name is not None and stripped and not stripped.startswith("--"):
-            body.append(line.rstrip())
-    close()
     return found
 
 

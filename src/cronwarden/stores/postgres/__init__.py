@@ -419,7 +419,7 @@ class PostgresStore(SqlStore):
                 f"this cronwarden knows up to {SCHEMA_VERSION}. Upgrade cronwarden"
             )
 
-    # -- the contract -----------------------------------------------------
+    # -- leases and runs --------------------------------------------------
 
     def acquire(self, start: Start) -> Granted | Refused:
         args = (
@@ -519,7 +519,7 @@ class PostgresStore(SqlStore):
         assert row is not None and row[0] is not None
         return str(row[0])
 
-    # -- the read side ----------------------------------------------------
+    # -- the read side (the rest is SqlStore's) -----------------------------
 
     def open_runs(self, job: str | None = None) -> list[RunRecord]:
         if job is None:
