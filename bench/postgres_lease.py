@@ -352,8 +352,11 @@ def explain(setup: Setup, cycles: int) -> None:
     """Per cycle, from ``EXPLAIN (ANALYZE, WAL)`` of each statement: server
     execution time (before the commit) and WAL records/bytes/full-page images."""
     from cronwarden.events import new_id
+    from cronwarden.stores.postgres import QUERIES
+    from cronwarden.stores.sql import queries
 
     store_s = f'"{setup.schemas[2]}"'
+    store_queries = queries(QUERIES)  # the store's own calls of its functions
     stats: dict[str, list[tuple[float, int, int, int]]] = {
         k: [] for k in ("floor", "ledger", *MINIMAL, "store")
     }
@@ -391,12 +394,7 @@ def explain(setup: Setup, cycles: int) -> None:
                 p["token"] = got[0]
             add(variant, a, measure(setup.minimal, release, p))
         run = new_id()
-        acq = (f"SELECT * FROM {store_s}.acquire(%s::text, %s::text, %s::text, %s::text, %s::integer, "
-               "%s::float8, %s::float8, %s::float8, %s::text, %s::integer)")  # fmt: skip
-        fin = (
-            f"SELECT * FROM {store_s}.finish(%s::text, %s::text, %s::text, %s::bigint, %s::text, %s::float8, "
-            "%s::integer, %s::text, %s::text, %s::boolean, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
-        )
+        acq, fin = (store_queries[name].replace("{s}", store_s) for name in ("acquire", "finish"))
         conn = setup.ledger
         a = measure(
             conn, acq, ("explain", "explain", run, setup.host, setup.pid, TTL, time.time(), None, "skip", 1)

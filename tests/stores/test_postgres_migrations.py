@@ -15,6 +15,7 @@ from cronwarden.events import EventKind, Outcome
 from cronwarden.lease import Lease
 from cronwarden.stores import open_store
 from cronwarden.stores.base import End, EventQuery, Granted, Start
+from cronwarden.stores.sql import migrations, read_sql
 from pgserver import unavailable
 
 psycopg = pytest.importorskip("psycopg")
@@ -38,6 +39,11 @@ def schema() -> Iterator[str]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
+def migration(version: int) -> str:
+    """The SQL of one migration file, as the store applies it."""
+    return read_sql(migrations(postgres_store.MIGRATIONS_DIR)[version])
+
+
 def create_at_version(schema: str, version: int) -> None:
     """The schema exactly as a cronwarden that knew up to ``version`` left it."""
     s = f'"{schema}"'
@@ -45,7 +51,7 @@ def create_at_version(schema: str, version: int) -> None:
         conn.execute(f"CREATE SCHEMA {s}")
         conn.execute(f"CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)")
         for v in range(1, version + 1):
-            conn.execute(postgres_store.MIGRATIONS[v].replace("{s}", s))
+            conn.execute(migration(v).replace("{s}", s))
         conn.execute(f"INSERT INTO {s}.meta VALUES ('schema_version', %s)", (str(version),))
 
 

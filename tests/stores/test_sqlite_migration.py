@@ -14,10 +14,16 @@ import pytest
 from cronwarden.clock import FakeClock
 from cronwarden.events import Event, EventKind, Outcome
 from cronwarden.stores.base import End, EventQuery, Granted, Start
-from cronwarden.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore, statements
+from cronwarden.stores.sql import migrations, read_sql
+from cronwarden.stores.sqlite import MIGRATIONS_DIR, SCHEMA_VERSION, SqliteStore, statements
 
 T0 = 1_700_000_000.0
 BOOT = "boot-1"
+
+
+def migration(version: int) -> str:
+    """The SQL of one migration file, as the store applies it."""
+    return read_sql(migrations(MIGRATIONS_DIR)[version])
 
 
 def _v2_file(path: Path) -> None:
@@ -28,9 +34,8 @@ def _v2_file(path: Path) -> None:
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     for v in (1, 2):
-        for statement in MIGRATIONS[v].split(";"):
-            if statement.strip():
-                db.execute(statement)
+        for statement in statements(migration(v)):
+            db.execute(statement)
     runs = [
         ("run-a", T0, T0 + 5, "succeeded", 0, 1),
         ("run-b", T0 + 60, T0 + 70, "failed", 3, 2),
@@ -176,7 +181,7 @@ def test_a_version_3_database_is_upgraded_and_claims_slots(tmp_path: Path, clock
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     for v in (1, 2, 3):
-        for statement in statements(MIGRATIONS[v]):
+        for statement in statements(migration(v)):
             db.execute(statement)
     db.execute(
         "INSERT INTO locks (key, owner, token, expires, boot_id) VALUES ('leader', 'old', 7, ?, ?)",

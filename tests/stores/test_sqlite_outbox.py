@@ -7,15 +7,15 @@ import time
 from pathlib import Path
 
 from cronwarden.clock import FakeClock
-from cronwarden.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteStore
+from cronwarden.stores.sql import migrations, read_sql
+from cronwarden.stores.sqlite import MIGRATIONS_DIR, SCHEMA_VERSION, SqliteStore, statements
 
 
 def test_a_version_1_database_is_migrated_and_its_recent_events_reach_a_new_sink(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path)
-    for statement in MIGRATIONS[1].split(";"):
-        if statement.strip():
-            db.execute(statement)
+    for statement in statements(read_sql(migrations(MIGRATIONS_DIR)[1])):
+        db.execute(statement)
     now = time.time()
     db.executemany(
         "INSERT INTO events (event_id, kind, job, run_id, at, data) "

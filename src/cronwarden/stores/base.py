@@ -1,126 +1,44 @@
-"""The store contract, written once. Every backend (SQLite, PostgreSQL,
-Redis) implements exactly this; the contract suite in ``tests/contract``
-checks each against a real server.
+"""The store contract, written once: ``Store``'s abstract methods each say
+what they do, return and raise. Every backend (SQLite, PostgreSQL, Redis)
+implements exactly this; the contract suite in ``tests/contract`` checks each
+against a real server.
 
-Each method is one atomic step in the store (one transaction or one Lua
-script) and, on the network backends, one round trip:
+What every store guarantees:
 
-``acquire(start)``
-    Judge the lease on ``start.key`` by the *store's* clock (G4).
-    1. If a previous owner's lease has expired and its run has no terminal
-       record, record ``abandoned`` for that run (G6) and name it in
-       ``Granted.abandoned``.
-    2. If the lease is free or expired: grant it to ``start.run_id`` with a
-       fencing token greater than every earlier grant of the key, and exactly
-       one greater while the store keeps its counter (G2: the counter
-       survives release and, on durable stores, restarts; Redis without
-       persistence jumps to the server's microsecond clock when it finds its
-       counter lost), expiry
-       ``now + ttl``, no revocation; write the run row and ``started``.
-       Return ``Granted``.
-    3. If it is live, act by ``start.policy`` and return ``Refused``:
-       - skip: record ``skipped`` naming the holder (G7).
-       - queue: if the key's pending count < ``max_pending``, add one and
-         record ``queued``, else record ``queue_full``.
-       - replace: mark the lease revoked by ``start.run_id`` (the holder's
-         next renew raises ``LeaseRevoked``); no event — the holder records
-         ``replaced``. The caller polls ``acquire`` until granted.
-       - allow: record ``overlap`` naming both runs, and grant a side lease
-         on ``key + "+" + run_id`` so the run still has a lease to renew
-         (returned as ``Granted`` with ``overlapped`` set).
+- **Ownership.** Only the run a lease was granted to can renew or release
+  it: each step compares the owner and acts in one atomic step. A release by
+  a run that no longer owns the lease changes nothing and says so; it never
+  deletes another run's lease.
+- **Fencing.** Every grant of a key carries a fencing token greater than
+  every earlier grant's. Releasing keeps the counter; durable stores keep it
+  across restarts.
+- **The store's clock.** Whether a lease has expired is judged by the
+  store's own clock, never by a client's wall clock: clients whose clocks
+  are hours apart see the same leases. The times a client passes in
+  (``Start.at``, ``End.at``) are for the ledger, for people to read.
+- **One terminal record per start.** Every run that started ends with
+  exactly one of ``succeeded``, ``failed``, ``lease_lost``, ``replaced``,
+  ``timed_out`` or ``abandoned`` (written by whoever finds its lease expired
+  with no end recorded).
+- **No silent skip.** A start refused because another run holds the lease
+  is recorded, naming the holder: its run id, host, pid, start and age.
+- **At most one run per slot.** However many schedulers fire a job's slot,
+  one claim wins (``claim_slot``).
+- **Nothing lost.** The ledger is the outbox: every event reaches every sink
+  at least once, and an event is in the ledger once, whatever the retries.
 
-``renew(lease)``
-    Extend expiry to ``now + ttl`` iff ``lease.run_id`` still owns the key and
-    it has not expired (G1). Raise ``LeaseRevoked`` if revoked, ``LeaseLost``
-    otherwise. Transient failures raise ``StoreError``.
-
-``finish(lease, end, then=None)``
-    Record the run's terminal outcome unless it already has one (G6: exactly
-    one), and release the lease iff still owned (a stale release is a no-op,
-    never a deletion of another's lease; G1). The fencing counter stays.
-    If ``then`` is given, the lease is still owned and the key has pending
-    starts (policy queue): take one from pending and, in the same step, start
-    ``then`` on the same lease with the next token; return its lease.
-    Returns ``Finished``.
-
-``record(event)``
-    Append an event to the ledger, once per ``event_id``: recording again
-    an event ``record`` wrote changes nothing and is no error, so a call
-    retried after its reply was lost cannot write it twice (G9: the sinks
-    deduplicate by the same id). On SQLite and PostgreSQL this holds for
-    any id in the ledger; on Redis for the ids ``record`` wrote within
-    ``RECORDED_IDS_KEPT`` seconds (a day), the time a retry could take.
-
-The bare lock: a fenced lease with no ledger, one round trip per call, for
-what must not write a run per renewal (the scheduler's leader lease) and
-callers that only need a fenced mutex. Locks live in their own namespace: a
-lock named like a job's lease key is a different lease. Same G1, G2, G4.
-
-``lock(key, owner, ttl)``
-    If ``key`` is free, or expired by the store's clock, grant it to
-    ``owner`` until ``now + ttl`` and return its fencing token (greater than
-    every earlier grant of the key; the counter survives ``unlock``).
-    Otherwise return None and change nothing.
-
-``renew_lock(key, owner, ttl)``
-    Extend the expiry to ``now + ttl`` iff ``owner`` holds the key and it has
-    not expired. Returns whether it did.
-
-``unlock(key, owner)``
-    Release iff ``owner`` still holds the key and it has not expired (a stale
-    unlock, or one after the ttl even if nobody took the key since, changes
-    nothing). Returns whether it did.
-
-The scheduler's slot claim (G8): at most one run per scheduled fire, however
-many scheduler instances fire it.
-
-``claim_slot(job, slot, owner, keep)``
-    Claim the fire time ``slot`` (epoch seconds) of ``job`` for ``owner`` (a
-    scheduler instance), atomically: the first caller for a ``(job, slot)``
-    gets it, and every caller, the first included, is answered with the
-    owner of that first claim; the caller fires iff the answer is its own
-    ``owner`` (so a retry after a lost reply fires once). A claim is kept
-    at least ``keep`` seconds after it was made and may be forgotten after:
-    the caller must not claim a slot it could have claimed more than
-    ``keep`` seconds earlier (the scheduler claims only within its misfire
-    grace, far less). Writes nothing to the ledger: the run it fires does.
-
-The read side (``open_runs``, ``runs``, ``events``, ``jobs``, ``job``)
-returns frozen records; it never changes the ledger. ``job(name)`` reads the
-one job's saved settings (``None`` if never saved), without reading the
-others: every scheduled ``cronwarden run`` asks for its own.
-
-The outbox (G9). Each sink's outbox is the ledger minus what that sink has
-acknowledged: no copy of the events, no separate queue. Delivery is at least
-once: the caller delivers, then acknowledges; a crash in between delivers
-again, so receivers deduplicate by ``event_id``.
-
-``undelivered(sink, limit, *, backfill=NEW_SINK_BACKFILL)``
-    Up to ``limit`` events the sink has not acknowledged, across all jobs,
-    oldest first (ascending ``seq``, each with ``seq`` set). The first call
-    for a sink name registers it: its outbox starts just before the first
-    event, in ledger order, whose ``at`` is within ``backfill`` seconds of
-    now, so a new sink sees the run that is ending (``cronwarden run`` flushes
-    after its terminal record) but not years of history. Later calls ignore
-    ``backfill``; registration is durable like the ledger.
-    It must never miss an event that becomes visible *after* later events
-    were acknowledged (PostgreSQL sequence values commit out of order). Keep
-    per sink a low-water mark below which everything is acknowledged, plus
-    the set of acknowledged events above it; move the mark only over events
-    that no transaction still in flight could precede.
-
-``mark_delivered(sink, event_ids)``
-    Acknowledge events for the sink: ``undelivered(sink, …)`` never returns
-    them again. Idempotent and order-free: acknowledging twice, or a later
-    event before an earlier one, is fine; ids not in the ledger are ignored.
-    In the same step, advance the sink's mark over the acknowledged prefix
-    and prune the acknowledged set below it, so the set stays small.
+Each method is one atomic step in the store (one transaction or one
+script) and, on the network stores, one round trip. Errors: a store that
+cannot be reached or is busy right now raises ``StoreUnavailable`` (retry
+later; a guarded start fails closed with exit status 75); a store that is
+not usable as configured, or refuses a request outright, raises
+``StoreError`` (retrying will not help).
 """
 
 import abc
 import enum
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Self
+from typing import NamedTuple, Self
 
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
@@ -132,19 +50,24 @@ class Start(NamedTuple):
 
     job: str
     key: str
+    """The lease key: the job's name, or ``job:shard``."""
     run_id: str
     host: str
     pid: int
     ttl: float
+    """Seconds the lease lasts unless renewed, by the store's clock."""
     at: float
     """Wall-clock time of the request (for the ledger, never for expiry)."""
     policy: Policy = Policy.SKIP
+    """What to do if another run holds the lease (``Store.acquire``)."""
     slot: float | None = None
+    """The scheduled fire time this start serves, if any (epoch seconds)."""
     max_pending: int = 1
+    """Policy queue: how many starts may wait for the lease."""
 
 
 class Holder(NamedTuple):
-    """Who holds a lease, as the refusal reports it."""
+    """Who holds a lease, as a refusal reports it."""
 
     run_id: str
     host: str
@@ -152,25 +75,40 @@ class Holder(NamedTuple):
     started_at: float
     token: int
     expires_in: float
+    """Seconds left on the holder's lease by the store's clock."""
 
     def age(self, now: float) -> float:
         return now - self.started_at
 
 
 class Granted(NamedTuple):
+    """``acquire``'s answer when the run may start."""
+
     lease: Lease
     abandoned: tuple[str, ...] = ()
+    """Runs this start found with an expired lease and no terminal record,
+    and recorded ``abandoned``."""
     overlapped: Holder | None = None
+    """Policy allow: the run that still holds the key (``lease`` is then a
+    side lease, see ``side_lease_key``)."""
 
 
 class Refusal(enum.StrEnum):
+    """Why ``acquire`` did not grant the lease."""
+
     SKIPPED = "skipped"
+    """Policy skip: recorded ``skipped``; the slot did no work."""
     QUEUED = "queued"
+    """Policy queue: one more start waits; the holder's ``finish`` starts it."""
     QUEUE_FULL = "queue_full"
+    """Policy queue, with ``max_pending`` starts already waiting."""
     REVOKING = "revoking"
+    """Policy replace: the holder was asked to stop; ask again until granted."""
 
 
 class Refused(NamedTuple):
+    """``acquire``'s answer when another run holds the lease."""
+
     refusal: Refusal
     holder: Holder
     abandoned: tuple[str, ...] = ()
@@ -181,34 +119,53 @@ class End(NamedTuple):
 
     outcome: Outcome
     at: float
+    """Wall-clock time of the end (for the ledger and the run's duration)."""
     exit_code: int | None = None
     detail: str = ""
     replaced_by: str | None = None
+    """Outcome replaced: the run that took over."""
 
 
 class Finished(NamedTuple):
+    """``finish``'s answer."""
+
     owned: bool
-    """False when the lease was no longer this run's at release (G1)."""
+    """False when the lease was no longer this run's at release."""
     recorded: bool
     """False when the run already had a terminal record (e.g. ``abandoned``)."""
     next: Lease | None = None
+    """The lease handed to ``finish``'s ``then`` start, if it was."""
 
 
 class LeaseInfo(NamedTuple):
+    """A lease as ``Store.lease`` reads it."""
+
     key: str
     owner: str | None
+    """The run holding it; None once released."""
     token: int
+    """The latest grant's fencing token (kept after release)."""
     expires_in: float | None
+    """Seconds left by the store's clock: positive while live, zero or
+    negative once expired; None once released."""
     pending: int = 0
+    """Policy queue: starts waiting for the lease."""
     revoked_by: str | None = None
+    """Policy replace: the run that asked the owner to stop."""
 
 
 class EventQuery(NamedTuple):
+    """What ``Store.events`` reads: the filters are combined (AND); a filter
+    left at None (or ``kinds`` empty) matches everything."""
+
     job: str | None = None
     kinds: Sequence[EventKind] | None = None
     run_id: str | None = None
     since: float | None = None
+    """Events whose ``at`` is at or after this wall-clock time."""
     limit: int = 100
+    """At most this many events: the newest ones, or with ``newest_first``
+    False the oldest ones."""
     newest_first: bool = True
 
 
@@ -216,70 +173,311 @@ NEW_SINK_BACKFILL = 3600.0
 """Seconds of history a newly registered sink is given (see ``undelivered``)."""
 
 
+def side_lease_key(key: str, run_id: str) -> str:
+    """The key of the side lease policy allow grants ``run_id`` while another
+    run holds ``key``: a lease of the run's own, so it has one to renew, that
+    nobody else is ever granted."""
+    return f"{key}+{run_id}"
+
+
+def is_side_lease(key: str, run_id: str) -> bool:
+    """Whether ``key`` is ``run_id``'s side lease. Its record is deleted when
+    the run finishes: no other start will ever ask for that key."""
+    return "+" in key and key.endswith("+" + run_id)
+
+
 class Store(abc.ABC):
-    """See the module docstring for the contract of each method."""
+    """A place that keeps leases and the ledger: runs, events, jobs, each
+    sink's outbox. Open one with ``cronwarden.stores.open_store(url)``."""
 
     url: str
+    """Where the store is, as a URL (without a password)."""
+
+    # -- leases and runs ----------------------------------------------------
 
     @abc.abstractmethod
-    def acquire(self, start: Start) -> Granted | Refused: ...
+    def acquire(self, start: Start) -> Granted | Refused:
+        """Try to start a run: take the lease on ``start.key`` for
+        ``start.run_id``, judged by the store's clock, in one atomic step.
+
+        1. If the lease's owner has expired and its run has no terminal
+           record, record ``abandoned`` for that run and name it in
+           ``abandoned``.
+        2. If the lease is free or expired, grant it: expiry now +
+           ``start.ttl``, a fencing token greater than every earlier grant of
+           the key (exactly one greater while the store keeps its counter;
+           Redis without persistence, finding its counter lost, jumps to the
+           server's microsecond clock), no revocation; write the run and its
+           ``started`` event.
+        3. If another run holds it, act by ``start.policy``:
+
+           - skip: record ``skipped`` naming the holder.
+           - queue: if fewer than ``start.max_pending`` starts wait, add one
+             and record ``queued``; otherwise record ``queue_full``.
+           - replace: mark the lease revoked by ``start.run_id`` (the
+             holder's next ``renew`` raises ``LeaseRevoked``, and the holder
+             records ``replaced``); no event. The caller asks again until
+             granted.
+           - allow: record ``overlap`` naming both runs, and grant the run
+             a side lease (``side_lease_key``) so it has a lease to renew.
+
+        :return: ``Granted`` (for allow, with ``overlapped`` set), or
+            ``Refused`` saying why, with the holder
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now; nothing was written
+        :raises StoreError: the store refused the start (e.g. its run id is
+            already in the ledger) or is not usable
+        """
 
     @abc.abstractmethod
-    def renew(self, lease: Lease) -> None: ...
+    def renew(self, lease: Lease) -> None:
+        """Extend the lease's expiry to now + ``lease.ttl`` by the store's
+        clock, if and only if ``lease.run_id`` still owns it, it has not
+        expired and no one revoked it.
+
+        :raises LeaseRevoked: the run still owns the lease, but a start with
+            policy replace asked it to stop
+        :raises LeaseLost: the lease expired, or another run holds it
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now; retry until the lease's deadline
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished: ...
+    def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
+        """End a run, in one atomic step: record its terminal outcome unless
+        it already has one (exactly one per start), and release the lease if
+        and only if ``lease.run_id`` still owns it. A release by a run that
+        no longer owns the lease changes nothing and never deletes another
+        run's lease; the fencing counter stays. A side lease (policy allow)
+        is deleted.
+
+        If ``then`` is given, the lease is still owned and starts wait for
+        it (policy queue): take one from the waiting count and, in the same
+        step, start ``then`` on the same key with the next token. A retried
+        call whose first try made that hand-over reports it again.
+
+        :return: whether the lease was still owned, whether this call wrote
+            the terminal record, and ``then``'s lease if it was started
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now (the call may be retried: it records at most once)
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def record(self, event: Event) -> None: ...
+    def record(self, event: Event) -> None:
+        """Append ``event`` to the ledger, once per ``event_id``: recording
+        again an event ``record`` wrote changes nothing and is no error, so a
+        call retried after its reply was lost cannot write it twice (sinks
+        deduplicate by the same id). On SQLite and PostgreSQL this holds for
+        any id in the ledger; on Redis for the ids ``record`` wrote within a
+        day (``RECORDED_IDS_KEPT``), far longer than any retry takes.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    # -- the read side --------------------------------------------------------
+    # Reads return frozen records and never change the ledger.
 
     @abc.abstractmethod
     def open_runs(self, job: str | None = None) -> list[RunRecord]:
-        """Runs with no terminal record, oldest first, with ``expires_in``."""
+        """The runs with no terminal record (of ``job``, or of every job),
+        oldest start first.
+
+        Each has ``expires_in``: the seconds left on its lease by the store's
+        clock when read, positive while live, zero or negative once expired
+        (the run is then abandoned, whoever finds it records so); None if
+        the run no longer owns its lease.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
     def runs(self, job: str, limit: int = 50) -> list[RunRecord]:
-        """The job's runs, newest first."""
+        """The job's latest ``limit`` runs, open or ended, newest start
+        first (``expires_in`` is not read: None; ``open_runs`` has it).
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def run(self, run_id: str) -> RunRecord | None: ...
+    def run(self, run_id: str) -> RunRecord | None:
+        """One run's record (``expires_in`` None), or None if no run has
+        that id.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def events(self, query: EventQuery) -> list[Event]: ...
+    def events(self, query: EventQuery) -> list[Event]:
+        """Events of the ledger that match ``query`` (each with ``seq``
+        set), ordered by ``at``: newest first unless
+        ``query.newest_first`` is False, and events with the same ``at`` in
+        the order they were written (ascending ``seq``) either way. At most
+        ``query.limit`` of them, from the start of that order.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def lease(self, key: str) -> LeaseInfo | None: ...
+    def lease(self, key: str) -> LeaseInfo | None:
+        """The lease on ``key`` as the store holds it now, or None if it was
+        never granted (see ``LeaseInfo``).
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def save_job(self, job: JobInfo) -> None: ...
+    def save_job(self, job: JobInfo) -> None:
+        """Save what is known of a job's schedule and policy, replacing what
+        was saved under its name before.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def jobs(self) -> list[JobInfo]: ...
+    def jobs(self) -> list[JobInfo]:
+        """Every saved job, by name.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
 
     def job(self, name: str) -> JobInfo | None:
+        """One job's saved settings, or None if it was never saved. Reads
+        that job only: every scheduled ``cronwarden run`` asks for its own.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
         # Each cronwarden store reads the one row; this serves any other.
         return next((j for j in self.jobs() if j.name == name), None)
 
-    @abc.abstractmethod
-    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]: ...
+    # -- the outbox -----------------------------------------------------------
+    # Each sink's outbox is the ledger minus what that sink has acknowledged:
+    # no copy of the events, no separate queue. Delivery is at least once:
+    # the caller delivers, then acknowledges; a crash in between delivers
+    # again, so receivers deduplicate by ``event_id``.
 
     @abc.abstractmethod
-    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None: ...
+    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
+        """Up to ``limit`` events the sink has not acknowledged, across all
+        jobs, oldest first (ascending ``seq``, each with ``seq`` set).
+
+        The first call for a sink name registers it: its outbox starts just
+        before the first event, in ledger order, whose ``at`` is within
+        ``backfill`` seconds of now, so a new sink sees the run that is
+        ending (``cronwarden run`` flushes after its terminal record) but not
+        years of history. Later calls ignore ``backfill``; the registration
+        is as durable as the ledger.
+
+        Never misses an event that becomes visible *after* later events were
+        acknowledged (PostgreSQL sequence values commit out of order): a
+        store keeps per sink a mark below which everything is acknowledged,
+        plus the acknowledged events above it, and moves the mark only over
+        events that no transaction still in flight could precede.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def lock(self, key: str, owner: str, ttl: float) -> int | None: ...
+    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
+        """Acknowledge events for the sink: ``undelivered(sink, …)`` never
+        returns them again. Idempotent and order-free: acknowledging twice,
+        or a later event before an earlier one, is fine; ids not in the
+        ledger are ignored. In the same step, moves the sink's mark over the
+        acknowledged prefix and forgets the acknowledgements below it, so
+        what is kept stays small.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    # -- the bare lock ----------------------------------------------------------
+    # A fenced lease with no ledger, one round trip per call, for what must
+    # not write a run per renewal (the scheduler's leader lease) and callers
+    # that only need a fenced mutex. Locks live in their own namespace: a
+    # lock named like a job's lease key is a different lease. Ownership,
+    # fencing and the store's clock hold as for leases.
 
     @abc.abstractmethod
-    def renew_lock(self, key: str, owner: str, ttl: float) -> bool: ...
+    def lock(self, key: str, owner: str, ttl: float) -> int | None:
+        """If ``key`` is free, or expired by the store's clock, grant it to
+        ``owner`` until now + ``ttl``. Not re-entrant: the owner asking again
+        is refused like anyone else.
+
+        :return: the fencing token (greater than every earlier grant of the
+            key; the counter survives ``unlock``), or None when another
+            grant is live, and nothing changed
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now (if the reply was lost, asking again is refused until
+            the ttl passes: a lost reply costs at most one ttl, never two
+            holders)
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def unlock(self, key: str, owner: str) -> bool: ...
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
+        """Extend the lock's expiry to now + ``ttl`` if and only if ``owner``
+        holds it and it has not expired.
+
+        :return: whether it did
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
 
     @abc.abstractmethod
-    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str: ...
+    def unlock(self, key: str, owner: str) -> bool:
+        """Release the lock if and only if ``owner`` still holds it and it has
+        not expired (a stale unlock, or one after the ttl even if nobody took
+        the key since, changes nothing).
+
+        :return: whether it did
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    # -- the scheduler's slot claim -------------------------------------------
 
     @abc.abstractmethod
-    def close(self) -> None: ...
+    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str:
+        """Claim the fire time ``slot`` (epoch seconds) of ``job`` for
+        ``owner`` (a scheduler instance), atomically: the first caller for a
+        ``(job, slot)`` gets it, and every caller, the first included, is
+        answered with the owner of that first claim. The caller fires if and
+        only if the answer is its own ``owner``, so a retry after a lost
+        reply fires once.
+
+        A claim is kept at least ``keep`` seconds after it was made and may
+        be forgotten after: the caller must not claim a slot it could have
+        claimed more than ``keep`` seconds earlier (the scheduler claims
+        only within its misfire grace, far less). Writes nothing to the
+        ledger: the run it fires does.
+
+        :return: the owner of the slot's claim
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the store's connections. The store must not be used
+        afterwards."""
 
     def __enter__(self) -> Self:
         return self
@@ -296,7 +494,7 @@ def abandon_expired(
     why: str = "lease expired with no terminal record",
 ) -> list[str]:
     """Record ``abandoned`` for each open run among ``runs`` whose lease has
-    expired (G6), as the next start on its lease key would: for runs no start
+    expired, as the next start on its lease key would: for runs no start
     comes back to (policy allow's side leases, a shard not started again,
     report-only runs, any run when the monitor looks). ``finish`` compares
     the owner, so a lease another run took meanwhile is never released.
@@ -317,7 +515,7 @@ def abandon_expired(
 
 
 def holder_data(holder: Holder, now: float) -> dict[str, object]:
-    """The holder fields every refusal event carries (G7)."""
+    """The holder fields every refusal event carries."""
     return {
         "holder_run_id": holder.run_id,
         "holder_host": holder.host,
@@ -326,15 +524,3 @@ def holder_data(holder: Holder, now: float) -> dict[str, object]:
         "holder_age": round(now - holder.started_at, 3),
         "holder_token": holder.token,
     }
-
-
-def run_from_row(row: Sequence[Any], expires_in: float | None = None) -> RunRecord:
-    """A run record from the SQL stores' ``runs`` columns, in table order:
-    run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome,
-    exit_code, detail."""
-    run_id, job, key, host, pid, token, slot, started_at, ended_at, outcome, exit_code, detail = row
-    return RunRecord(
-        run_id=run_id, job=job, key=key, host=host, pid=pid, token=token, slot=slot, started_at=started_at,
-        ended_at=ended_at, outcome=None if outcome is None else Outcome(outcome), exit_code=exit_code,
-        detail=detail, expires_in=expires_in,
-    )  # fmt: skip

@@ -1,0 +1,113 @@
+-- The PostgreSQL store's statements (stores/postgres/__init__.py). The read
+-- side the SQLite store shares is in stores/queries.sql. {s} is the store's
+-- schema, in every statement: nothing depends on the session's search_path,
+-- so each statement means the same on any connection a pooler hands out.
+-- Every statement is one autocommit round trip; expiry is judged by
+-- clock_timestamp() only.
+
+-- name: acquire --
+SELECT * FROM {s}.acquire(%s::text, %s::text, %s::text, %s::text, %s::integer, %s::float8, %s::float8,
+                          %s::float8, %s::text, %s::integer);
+
+-- name: finish --
+-- A finish with no queued start to hand the lease to (then=None).
+SELECT * FROM {s}.finish(%s::text, %s::text, %s::text, %s::bigint, %s::text, %s::float8, %s::integer,
+                         %s::text, %s::text, %s::boolean,
+                         NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+
+-- name: finish_then --
+SELECT * FROM {s}.finish(%s::text, %s::text, %s::text, %s::bigint, %s::text, %s::float8, %s::integer,
+                         %s::text, %s::text, %s::boolean,
+                         %s::text, %s::text, %s::text, %s::text, %s::integer, %s::float8, %s::float8,
+                         %s::float8);
+
+-- name: renew --
+UPDATE {s}.leases SET expires = clock_timestamp() + make_interval(secs => %s::float8)
+WHERE key = %s AND owner = %s AND expires > clock_timestamp() AND revoked_by IS NULL;
+
+-- name: lease_owner --
+-- Why a renewal matched nothing: revoked (LeaseRevoked) or lost (LeaseLost).
+SELECT owner, revoked_by FROM {s}.leases WHERE key = %s;
+
+-- name: lock --
+-- The expiry in SET is read after the row is locked (excluded's was read
+-- before any wait), like the judgement in WHERE.
+INSERT INTO {s}.locks AS l (key, owner, token, expires)
+VALUES (%s, %s, 1, clock_timestamp() + make_interval(secs => %s::float8))
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = l.token + 1,
+    expires = clock_timestamp() + make_interval(secs => %s::float8)
+WHERE l.owner IS NULL OR l.expires <= clock_timestamp()
+RETURNING token;
+
+-- name: renew_lock --
+UPDATE {s}.locks SET expires = clock_timestamp() + make_interval(secs => %s::float8)
+WHERE key = %s AND owner = %s AND expires > clock_timestamp();
+
+-- name: unlock --
+-- An expired lock is no longer held (as with Redis's PX), so its owner's
+-- unlock is stale: no row changes, and the row stays as it is.
+UPDATE {s}.locks SET owner = NULL, expires = NULL
+WHERE key = %s AND owner = %s AND expires > clock_timestamp();
+
+-- name: claim_slot --
+SELECT {s}.claim_slot(%s::text, %s::float8, %s::text, %s::float8);
+
+-- name: record --
+-- Once per event id (record's contract): an id already in the ledger is no error.
+INSERT INTO {s}.events (event_id, kind, job, run_id, at, data)
+VALUES (%s, %s, %s, %s, %s::float8, %s::jsonb)
+ON CONFLICT (event_id) DO NOTHING;
+
+-- name: lease --
+SELECT owner, token, extract(epoch FROM expires - clock_timestamp())::float8, pending, revoked_by
+FROM {s}.leases WHERE key = %s;
+
+-- name: open_runs --
+-- A run with no terminal record always owns its lease row: every step that
+-- moves a lease to another owner or deletes it records the previous owner's
+-- terminal record first (acquire's abandoned, finish). So the open runs are
+-- among the lease owners, a table of one row per key, and runs needs no
+-- index on outcome (finish stays a HOT update).
+SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
+       r.exit_code, r.detail, extract(epoch FROM l.expires - clock_timestamp())::float8
+FROM {s}.leases l JOIN {s}.runs r ON r.run_id = l.owner AND r.key = l.key
+WHERE r.outcome IS NULL
+ORDER BY r.started_at;
+
+-- name: open_runs_of_job --
+SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
+       r.exit_code, r.detail, extract(epoch FROM l.expires - clock_timestamp())::float8
+FROM {s}.leases l JOIN {s}.runs r ON r.run_id = l.owner AND r.key = l.key
+WHERE r.outcome IS NULL AND r.job = %s
+ORDER BY r.started_at;
+
+-- name: undelivered --
+SELECT * FROM {s}.undelivered(%s::text, %s::integer, %s::float8, %s::float8);
+
+-- name: mark_delivered --
+SELECT {s}.mark_delivered(%s::text, %s::text[], %s::float8, %s::float8);
+
+-- name: schema_version --
+SELECT value FROM {s}.meta WHERE key = 'schema_version';
+
+-- name: migration_timeouts --
+-- Building an index on a large ledger takes longer than one call's
+-- statement_timeout, and concurrent first opens wait for the one that
+-- migrates rather than fail: both bounds for this transaction only.
+SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true);
+
+-- name: migration_lock --
+-- The only advisory lock in cronwarden, and transaction-level: concurrent
+-- first opens of one schema run the migration one after another (CREATE …
+-- IF NOT EXISTS alone races). Released at commit; it guards no lease.
+SELECT pg_advisory_xact_lock(%s, hashtext(%s));
+
+-- name: create_schema --
+CREATE SCHEMA IF NOT EXISTS {s};
+
+-- name: create_meta --
+CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL);
+
+-- name: set_schema_version --
+INSERT INTO {s}.meta (key, value) VALUES ('schema_version', %s)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value;

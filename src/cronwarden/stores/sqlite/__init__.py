@@ -1,0 +1,672 @@
+"""The embedded store: one SQLite file in WAL mode, safe for many processes
+on one host. Its schema is ``schema.sql`` beside this file, its statements
+``queries.sql``; the read side is shared with PostgreSQL (``stores/sql.py``).
+
+Expiry is judged by CLOCK_BOOTTIME (shared by every process on the host,
+never stepped by NTP) plus the boot id: a lease written in an earlier boot is
+expired, since every process of that boot is gone.
+
+``synchronous=FULL`` by default: every commit is fsynced, so a ``skipped`` or
+``started`` record and the fencing counter survive a power cut. It costs one
+fsync per commit (about a millisecond here); a cron job starts at most a few
+times a minute, and a fencing counter that goes backwards after a crash would
+hand a token out twice. ``?synchronous=normal`` in the URL trades that for
+speed on hosts where losing the last commits on power loss is acceptable.
+
+Every write is one transaction begun with ``BEGIN IMMEDIATE``, which takes
+the file's write lock up front: two processes never both read a free lease
+and grant it, and the store's clock is read once per step.
+
+The outbox is a mark per sink plus the acknowledged events above it. SQLite
+has one writer at a time and assigns ``seq`` inside the write transaction, so
+``seq`` order is commit order here: no event can appear below an
+acknowledged one, and the mark moves right up to the end of the acknowledged
+prefix. A ``seq`` is never handed out twice because the newest event cannot
+be deleted (the trigger ``events_keep_newest`` in ``schema.sql`` says why).
+Nothing in cronwarden deletes events from SQLite; a retention policy must
+keep the newest one.
+
+The scheduler's slot claims are judged by this boot's clock alone: once this
+boot has run longer than ``keep``, more than ``keep`` has passed since any
+claim made before it.
+
+The schema version lives in the file header's ``user_version``, so the
+common case (up to date) is one read at open, with no write lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.durations import parse_duration
+from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError
+from cronwarden.events import Event, EventKind, RunRecord, new_id
+from cronwarden.lease import Lease
+from cronwarden.policy import Policy
+from cronwarden.stores.base import (
+    NEW_SINK_BACKFILL,
+    End,
+    Finished,
+    Granted,
+    Holder,
+    LeaseInfo,
+    Refusal,
+    Refused,
+    Start,
+    holder_data,
+    is_side_lease,
+    side_lease_key,
+)
+from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
+
+T = TypeVar("T")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCHEMA = os.path.join(HERE, "schema.sql")
+MIGRATIONS_DIR = os.path.join(HERE, "migrations")
+SCHEMA_VERSION = max(migrations(MIGRATIONS_DIR))
+"""The newest migration's number: the version every file is brought to."""
+ACK_CHUNK = 500
+"""Event ids per ``IN (…)`` when acknowledging (SQLite limits bound parameters)."""
+
+_dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+"""``json.dumps(value, separators=(",", ":"), default=str)`` without building
+an encoder per call (``json.dumps`` does, given any argument)."""
+
+
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smbfs",
+        "smb3",
+        "9p",
+        "afs",
+        "ncpfs",
+        "fuse.sshfs",
+        "glusterfs",
+        "ceph",
+        "lustre",
+        "gpfs",
+        "fuse.s3fs",
+        "fuse.rclone",
+        "davfs",
+        "fuse.gcsfuse",
+    }
+)
+
+
+def filesystem_type(path: str) -> str | None:
+    """The type of the filesystem ``path`` lives on, from /proc/mounts."""
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    best, fstype = "", None
+    target = os.path.realpath(path)
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype
+
+
+class SqliteStore(SqlStore):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        synchronous: str = "FULL",
+        busy_timeout: float = 5.0,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.url = f"sqlite:///{self.path}"
+        self._clock = clock
+        self._busy_ms = int(busy_timeout * 1000)
+        self._lock = threading.Lock()
+        self._transaction = _Transaction(self)
+        self._q = queries(os.path.join(HERE, "queries.sql"))
+        self._use_shared_queries("main", "?")
+        parent = os.path.dirname(os.path.abspath(self.path))
+        exists = os.path.exists(self.path)
+        fstype = filesystem_type(self.path if exists else parent)
+        if fstype in NETWORK_FILESYSTEMS:
+            raise StoreError(
+                f"{self.path} is on a network filesystem ({fstype}); SQLite locking is not safe "
+                "there. Use a local path, or postgresql:// or redis:// for jobs on several hosts"
+            )
+        if exists and not os.path.isfile(self.path):
+            # A directory or a device (/dev/null): SQLite would say "unable to
+            # open" or fail later with a retryable-looking I/O error.
+            what = "a directory" if os.path.isdir(self.path) else "not a regular file"
+            raise StoreError(f"SQLite store {self.path} is {what}; expected a database file path")
+        try:
+            os.makedirs(parent, exist_ok=True)
+            self._db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+            )
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open SQLite store {self.path}: {e}") from None
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            self._prepare(synchronous, deadline=time.monotonic() + busy_timeout)
+        except StoreError:
+            self._db.close()
+            raise
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise _store_error(self.path, e) from None
+
+    def _prepare(self, synchronous: str, deadline: float) -> None:
+        """Check the file is ours, set WAL mode, create or upgrade the schema.
+
+        Several processes may open a new file at once (two cron lines firing
+        in the same minute, scheduler instances starting together): the
+        version and the tables are read in one snapshot, so a schema being
+        created by another process is never mistaken for another program's
+        tables, and a busy answer SQLite gives without waiting (a connection
+        that holds a read lock while another writes; the busy timeout does
+        not apply there) is retried until the busy timeout has passed."""
+        db = self._db
+        while True:
+            try:
+                db.execute("BEGIN")
+                try:
+                    version = db.execute("PRAGMA user_version").fetchone()[0]
+                    if version == 0:
+                        self._refuse_foreign()  # before WAL mode rewrites the file's header
+                finally:
+                    if db.in_transaction:
+                        db.execute("COMMIT")
+                mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
+                db.execute(f"PRAGMA synchronous = {synchronous}")
+                if version != SCHEMA_VERSION:
+                    self._migrate()
+                return
+            except sqlite3.OperationalError as e:
+                text = str(e)
+                if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)  # another process is creating or upgrading the schema
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
+        path = path_of(url)
+        query = url.partition("?")[2]
+        params: dict[str, str] = {}
+        if query:  # urllib.parse only when there is a query: it costs the wrapper ~1 ms
+            from urllib.parse import parse_qs
+
+            params = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        sync = params.pop("synchronous", "full").upper()
+        if sync not in ("FULL", "NORMAL", "EXTRA"):
+            raise StoreUrlError(url, f"synchronous must be full, normal or extra, got {sync.lower()!r}")
+        busy = parse_duration(params.pop("busy_timeout", "5s"), what="busy_timeout")
+        if params:
+            raise StoreUrlError(url, f"unknown parameter(s) {', '.join(sorted(params))}")
+        return cls(path, clock=clock, synchronous=sync, busy_timeout=busy)
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _refuse_foreign(self) -> None:
+        """Schema version 0 is a new file, or another program's database: one
+        with tables of its own is not ours to change (a table named like one
+        of ours would fail the schema, or be written into)."""
+        tables = [r[0] for r in self._db.execute(self._q["foreign_tables"])]
+        if tables:
+            named = ", ".join(tables[:3]) + (", …" if len(tables) > 3 else "")
+            raise StoreError(
+                f"{self.path} is not a cronwarden store: it holds other tables ({named}) and no cronwarden "
+                "schema version; give a new file or a cronwarden one (sqlite:///PATH)"
+            )
+
+    def _migrate(self) -> None:
+        """Create the schema (a new file: ``schema.sql``) or bring it up to
+        date (the migrations numbered above its version, in order), under the
+        write lock, and set the version. Another process may have done it
+        while this one waited for the lock: the version is read again."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {version}; this cronwarden knows up to "
+                    f"{SCHEMA_VERSION}. Upgrade cronwarden"
+                )
+            if version == 0:
+                scripts = [read_sql(SCHEMA)]
+            else:
+                scripts = [read_sql(path) for v, path in migrations(MIGRATIONS_DIR).items() if v > version]
+            for script in scripts:
+                for statement in statements(script):
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _tx(self) -> _Transaction:
+        """One write transaction (``with self._tx() as db``). BEGIN IMMEDIATE
+        takes the write lock up front, so two processes never both read a
+        free lease and grant it."""
+        return self._transaction
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            try:
+                return fn(self._db)
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+
+    def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        return self._read(lambda db: db.execute(sql, args).fetchall())
+
+    def _write(self, sql: str, args: Sequence[Any]) -> None:
+        with self._tx() as db:
+            db.execute(sql, args)
+
+    def _event_data(self, raw: Any) -> Mapping[str, Any]:
+        data: Mapping[str, Any] = json.loads(raw)
+        return data
+
+    def _now(self) -> tuple[float, str]:
+        return self._clock.store_time(), self._clock.boot_id()
+
+    def _insert_event(self, db: sqlite3.Connection, event: Event) -> None:
+        db.execute(
+            self._q["insert_event"],
+            (event.event_id, event.kind.value, event.job, event.run_id, event.at, _dumps(dict(event.data))),
+        )
+
+    def _start_run(self, db: sqlite3.Connection, start: Start, token: int) -> None:
+        q = self._q
+        db.execute(
+            q["insert_run"],
+            (start.run_id, start.job, start.key, start.host, start.pid, token, start.slot, start.at),
+        )
+        data = {"host": start.host, "pid": start.pid, "token": token, "key": start.key, "slot": start.slot,
+                "ttl": start.ttl}  # fmt: skip
+        db.execute(
+            q["insert_event"],
+            (new_id(), EventKind.STARTED.value, start.job, start.run_id, start.at, _dumps(data)),
+        )
+
+    def _abandon(self, db: sqlite3.Connection, run_id: str, job: str, at: float, found_by: str) -> bool:
+        cur = db.execute(
+            self._q["abandon"],
+            (at, f"lease expired with no terminal record; found by run {found_by}", run_id),
+        )
+        if cur.rowcount:
+            self._insert_event(
+                db,
+                Event(kind=EventKind.ABANDONED, job=job, run_id=run_id, at=at, data={"found_by": found_by}),
+            )
+        return bool(cur.rowcount)
+
+    # -- leases and runs --------------------------------------------------
+
+    def acquire(self, start: Start) -> Granted | Refused:
+        q = self._q
+        now, boot = self._now()
+        with self._tx() as db:
+            # The common case in one statement: the lease is new or released
+            # (no owner, so no run to abandon). Anything else reads the holder.
+            free = db.execute(
+                q["grant_free"], (start.key, start.job, start.run_id, now + start.ttl, boot)
+            ).fetchone()
+            if free is not None:
+                self._start_run(db, start, free[0])
+                return Granted(lease=_lease(start, free[0]))
+            row = db.execute(q["lease_and_holder"], (start.key,)).fetchone()
+            abandoned: tuple[str, ...] = ()
+            if row is None:
+                db.execute(q["insert_lease"], (start.key, start.job, start.run_id, 1, now + start.ttl, boot))
+                self._start_run(db, start, 1)
+                return Granted(lease=_lease(start, 1))
+            owner, last_token, expires, lease_boot, pending, host, pid, started_at = row
+            live = owner is not None and lease_boot == boot and expires is not None and expires > now
+            if owner is not None and not live and self._abandon(db, owner, start.job, start.at, start.run_id):
+                abandoned = (owner,)
+            if not live:
+                token = last_token + 1
+                db.execute(q["grant_expired"], (start.run_id, token, now + start.ttl, boot, start.key))
+                self._start_run(db, start, token)
+                return Granted(lease=_lease(start, token), abandoned=abandoned)
+            holder = Holder(
+                run_id=owner,
+                host=host or "?",
+                pid=pid or 0,
+                started_at=started_at or 0.0,
+                token=last_token,
+                expires_in=expires - now,
+            )
+            return self._refuse_or_overlap(db, start, holder, pending, now, boot)
+
+    def _refuse_or_overlap(
+        self, db: sqlite3.Connection, start: Start, holder: Holder, pending: int, now: float, boot: str
+    ) -> Granted | Refused:
+        q = self._q
+        data: dict[str, Any] = {
+            **holder_data(holder, start.at),
+            "slot": start.slot,
+            "host": start.host,
+            "pid": start.pid,
+            "policy": start.policy.value,
+        }
+        if start.policy is Policy.REPLACE:
+            db.execute(q["revoke"], (start.run_id, start.key))
+            return Refused(refusal=Refusal.REVOKING, holder=holder)
+        if start.policy is Policy.ALLOW:
+            side = start._replace(key=side_lease_key(start.key, start.run_id))
+            db.execute(q["insert_lease"], (side.key, start.job, start.run_id, 1, now + start.ttl, boot))
+            self._start_run(db, side, 1)
+            self._insert_event(
+                db, Event(kind=EventKind.OVERLAP, job=start.job, run_id=start.run_id, at=start.at, data=data)
+            )
+            return Granted(lease=_lease(side, 1), overlapped=holder)
+        if start.policy is Policy.QUEUE:
+            if pending < start.max_pending:
+                db.execute(q["queue"], (start.key,))
+                kind, refusal = EventKind.QUEUED, Refusal.QUEUED
+                data["pending"] = pending + 1
+            else:
+                kind, refusal = EventKind.QUEUE_FULL, Refusal.QUEUE_FULL
+                data["pending"] = pending
+        else:
+            kind, refusal = EventKind.SKIPPED, Refusal.SKIPPED
+        self._insert_event(db, Event(kind=kind, job=start.job, run_id=start.run_id, at=start.at, data=data))
+        return Refused(refusal=refusal, holder=holder)
+
+    def renew(self, lease: Lease) -> None:
+        now, boot = self._now()
+        # Wait for the write lock at most a tenth of the ttl per attempt: the
+        # heartbeat retries, and must be free to notice its deadline.
+        busy_ms = max(20, int(lease.ttl * 100))
+        with self._lock:
+            try:
+                self._db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                try:
+                    cur = self._db.execute(
+                        self._q["renew"], (now + lease.ttl, lease.key, lease.run_id, boot, now)
+                    )
+                    if cur.rowcount == 1:
+                        return
+                    row = self._db.execute(self._q["lease_owner"], (lease.key,)).fetchone()
+                finally:
+                    self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+        if row is not None and row[0] == lease.run_id and row[1] is not None:
+            raise LeaseRevoked(lease.key, row[1])
+        raise LeaseLost(lease.key, "expired or taken by another run")
+
+    def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
+        q = self._q
+        now, boot = self._now()
+        side = is_side_lease(lease.key, lease.run_id)
+        with self._tx() as db:
+            started = db.execute(
+                q["end_run"], (end.outcome.value, end.at, end.exit_code, end.detail, lease.run_id)
+            ).fetchone()
+            recorded = started is not None
+            if started is not None:
+                data: dict[str, Any] = {"exit_code": end.exit_code, "token": lease.token}
+                if end.detail:
+                    data["detail"] = end.detail
+                if end.replaced_by:
+                    data["replaced_by"] = end.replaced_by
+                data["duration"] = round(end.at - started[0], 6)
+                db.execute(
+                    q["insert_event"],
+                    (new_id(), end.outcome.value, lease.job, lease.run_id, end.at, _dumps(data)),
+                )
+            if then is None and not side:
+                # The common case: release iff still ours, pending or not.
+                cur = db.execute(q["release"], (lease.key, lease.run_id))
+                return Finished(owned=cur.rowcount == 1, recorded=recorded)
+            row = db.execute(q["owned_lease"], (lease.key, lease.run_id)).fetchone()
+            if row is None:
+                if then is not None:
+                    # A retried finish whose first try handed the lease to the
+                    # queued run: report that hand-over again, not lose it.
+                    handed = db.execute(q["owned_lease"], (lease.key, then.run_id)).fetchone()
+                    if handed is not None:
+                        return Finished(owned=True, recorded=recorded, next=_lease(then, handed[1]))
+                return Finished(owned=False, recorded=recorded)
+            if side:
+                db.execute(q["delete_lease"], (lease.key,))
+                return Finished(owned=True, recorded=recorded)
+            if then is not None and row[0] > 0:
+                token = db.execute(q["hand_over"], (then.run_id, now + then.ttl, boot, lease.key)).fetchone()[
+                    0
+                ]
+                self._start_run(db, then, token)
+                return Finished(owned=True, recorded=recorded, next=_lease(then, token))
+            db.execute(q["release"], (lease.key, lease.run_id))
+            return Finished(owned=True, recorded=recorded)
+
+    def record(self, event: Event) -> None:
+        with self._tx() as db:
+            self._insert_event(db, event)
+
+    # -- the bare lock ----------------------------------------------------
+    # One autocommit statement each: SQLite takes the write lock for the
+    # statement, so the check and the change are one atomic step.
+
+    def lock(self, key: str, owner: str, ttl: float) -> int | None:
+        now, boot = self._now()
+        rows, _ = self._statement(self._q["lock"], (key, owner, now, now + ttl, boot))
+        return int(rows[0][0]) if rows else None
+
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
+        now, boot = self._now()
+        return self._statement(self._q["renew_lock"], (now + ttl, key, owner, boot, now))[1] == 1
+
+    def unlock(self, key: str, owner: str) -> bool:
+        now, boot = self._now()
+        return self._statement(self._q["unlock"], (key, owner, boot, now))[1] == 1
+
+    def _statement(self, sql: str, args: tuple[Any, ...]) -> tuple[list[Any], int]:
+        """One autocommit statement: its rows (read to the end, which ends
+        its transaction) and how many rows it changed."""
+        with self._lock:
+            try:
+                cur = self._db.execute(sql, args)
+                return cur.fetchall(), cur.rowcount
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+
+    # -- the scheduler's slot claim -------------------------------------------
+
+    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str:
+        q = self._q
+        slot = float(slot)
+        with self._tx() as db:
+            # The time is read under the write lock (held from BEGIN
+            # IMMEDIATE), so a wait for the lock cannot date the claim early,
+            # and nobody claims between the insert and the read of the owner.
+            now, boot = self._now()
+            db.execute(q["forget_claims"], (job, now, keep, boot))
+            db.execute(q["claim"], (job, slot, owner, now, boot))
+            row = db.execute(q["slot_owner"], (job, slot)).fetchone()
+        return str(row[0])
+
+    # -- the read side (the rest is SqlStore's) -----------------------------
+
+    def open_runs(self, job: str | None = None) -> list[RunRecord]:
+        now, boot = self._now()
+        if job is None:
+            rows = self._fetch(self._q["open_runs"], ())
+        else:
+            rows = self._fetch(self._q["open_runs_of_job"], (job,))
+        out = []
+        for row in rows:
+            expires, lease_boot = row[-2], row[-1]
+            out.append(run_from_row(row[:-2], expires_in=_left(expires, lease_boot, now, boot)))
+        return out
+
+    def lease(self, key: str) -> LeaseInfo | None:
+        now, boot = self._now()
+        rows = self._fetch(self._q["lease"], (key,))
+        if not rows:
+            return None
+        owner, token, expires, lease_boot, pending, revoked_by = rows[0]
+        return LeaseInfo(
+            key=key, owner=owner, token=token, expires_in=_left(expires, lease_boot, now, boot),
+            pending=pending, revoked_by=revoked_by,
+        )  # fmt: skip
+
+    # -- the outbox -------------------------------------------------------
+
+    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
+        if limit < 1:
+            return []
+        if self._read(lambda db: self._mark(db, sink)) is None:
+            with self._tx() as db:
+                if self._mark(db, sink) is None:
+                    self._register(db, sink, backfill)
+        return self._events_of(self._fetch(self._q["undelivered"], (sink, limit)))
+
+    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
+        q = self._q
+        ids = list(dict.fromkeys(event_ids))
+        if not ids:
+            return
+        with self._tx() as db:
+            mark = self._mark(db, sink)
+            if mark is None:
+                mark = self._register(db, sink, NEW_SINK_BACKFILL)
+            for i in range(0, len(ids), ACK_CHUNK):
+                chunk = ids[i : i + ACK_CHUNK]
+                db.execute(
+                    q["acknowledge"].replace("{ids}", ",".join("?" * len(chunk))), (sink, *chunk, mark)
+                )
+            gap = db.execute(q["first_unacknowledged"], (mark, sink)).fetchone()
+            new_mark = gap[0] - 1 if gap is not None else db.execute(q["newest_seq"]).fetchone()[0]
+            if new_mark > mark:
+                db.execute(q["move_mark"], (new_mark, sink))
+                db.execute(q["prune_acks"], (sink, new_mark))
+
+    def _mark(self, db: sqlite3.Connection, sink: str) -> int | None:
+        row = db.execute(self._q["mark"], (sink,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def _register(self, db: sqlite3.Connection, sink: str, backfill: float) -> int:
+        """A new sink's mark: just before the first event within ``backfill``."""
+        q = self._q
+        now = self._clock.wall()
+        first = db.execute(q["first_seq_since"], (now - backfill,)).fetchone()[0]
+        mark = int(first) - 1 if first is not None else int(db.execute(q["newest_seq"]).fetchone()[0])
+        db.execute(q["register_sink"], (sink, mark, now))
+        return mark
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def path_of(url: str) -> str:
+    """The file a ``sqlite:///PATH`` URL names."""
+    path = url.split("://", 1)[1].partition("?")[0]
+    while path.startswith("//"):  # sqlite:////abs/path, as SQLAlchemy writes it
+        path = path[1:]
+    if not path or path == "/":
+        raise StoreUrlError(url, "expected sqlite:///PATH/TO/FILE.db")
+    return path
+
+
+def statements(script: str) -> Iterator[str]:
+    """The SQL statements of ``script``, one at a time (a trigger's body has
+    semicolons of its own, so splitting on ";" alone is not enough)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending.strip()
+            pending = ""
+    if pending.strip(" \n;"):
+        yield pending.strip()
+
+
+class _Transaction:
+    """``SqliteStore._tx``: one reusable object (the store's lock serializes
+    its users), cheaper than a generator-based context manager per call."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._lock.acquire()
+        try:
+            store._db.execute("BEGIN IMMEDIATE")
+        except BaseException as e:
+            store._lock.release()
+            if isinstance(e, sqlite3.Error):
+                raise _store_error(store.path, e) from None
+            raise
+        return store._db
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        store = self._store
+        db = store._db
+        try:
+            if exc is None:
+                try:
+                    db.execute("COMMIT")
+                    return
+                except BaseException as e:
+                    exc = e
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _store_error(store.path, exc) from None
+            if exc_type is None:
+                raise exc
+        finally:
+            store._lock.release()
+
+
+def _left(expires: float | None, lease_boot: str | None, now: float, boot: str) -> float | None:
+    """Seconds left on a lease by the store's clock; an earlier boot's lease
+    has expired (every process of that boot is gone)."""
+    if expires is None:
+        return None
+    return expires - now if lease_boot == boot else -1.0
+
+
+def _lease(start: Start, token: int) -> Lease:
+    return Lease(key=start.key, job=start.job, run_id=start.run_id, token=token, ttl=start.ttl)
+
+
+def _store_error(path: str, e: sqlite3.Error) -> StoreError:
+    text = str(e)
+    if "locked" in text or "busy" in text:
+        return StoreUnavailable(f"SQLite store {path} is locked by another process ({text})")
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return StoreError(f"{path} is not a usable cronwarden SQLite database ({text})")
+    if "readonly" in text or "unable to open" in text:
+        return StoreError(f"cannot write SQLite store {path} ({text}); check its permissions")
+    if isinstance(e, sqlite3.IntegrityError):  # a request the ledger refuses: no retry will do
+        return StoreError(f"SQLite store {path} refused the write: {text}")
+    return StoreUnavailable(f"SQLite store {path}: {text}")
