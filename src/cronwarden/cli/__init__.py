@@ -128,8 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The ``cronwarden`` console script and ``python -m cronwarden``:
-    ``main`` on ``sys.argv``, then exit with its status."""
-    sys.exit(main())
+    ``main`` on ``sys.argv``, then exit with its status, as any Python
+    program does: exit hooks run, output is flushed, modules are torn down."""
+    code = main()
+    # The objects left at exit are garbage all at once: the interpreter's
+    # final collections over them cost a cron tick ~16M instructions (8% of
+    # ``cronwarden run --job x -- true``, bench/run_instructions.py) and find
+    # nothing the teardown does not free anyway. Frozen objects are skipped
+    # by those collections; everything else about the exit is unchanged.
+    import gc
+
+    gc.freeze()
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
