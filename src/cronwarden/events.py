@@ -31,6 +31,13 @@ class EventKind(enum.StrEnum):
     ABANDONED = "abandoned"
     """The run's lease expired with no terminal record: its host or supervisor
     died. Written by whoever found it (the next start or the monitor)."""
+    INTERRUPTED = "interrupted"
+    """The run's supervisor was told to stop (SIGTERM, SIGINT or SIGHUP: a pod
+    shutdown, ``systemctl stop``, Ctrl-C) and stopped its command first
+    (data: signal, and who sent it when known)."""
+    STOPPED = "stopped"
+    """Someone stopped the run through the store (``cronwarden stop``), on
+    whatever host it ran (data: by, reason)."""
     SKIPPED = "skipped"
     """A start refused because another run held the lease. The slot did no work."""
     QUEUED = "queued"
@@ -38,12 +45,30 @@ class EventKind(enum.StrEnum):
     OVERLAP = "overlap"
     """A start while an earlier run of the same job was still open."""
     MISSED = "missed"
+    # Slots the scheduler decided not to start (data: slot, and why).
+    PAUSED = "paused"
+    """A slot of a paused job: not started (data: slot, by, reason)."""
+    MISFIRED = "misfired"
+    """A slot not started late: its time had passed by more than the misfire
+    grace or the catch-up policy allows (data: slot, late_by)."""
+    # Operators' decisions about a job (data: by, reason, until when timed).
+    JOB_PAUSED = "job_paused"
+    JOB_RESUMED = "job_resumed"
+    SNOOZED = "snoozed"
+    """The job's findings are still recorded, but not delivered to alerting
+    sinks, until ``data["until"]``."""
+    UNSNOOZED = "unsnoozed"
     # Monitor findings; data["state"] is "raised" or "resolved".
     SLOW = "slow"
     SKIPS_IN_A_ROW = "skips_in_a_row"
     STUCK = "stuck"
     GRACE_TOO_WIDE = "grace_too_wide"
     POLICY_UNDECIDED = "policy_undecided"
+    FAILING = "failing"
+    """The job's last runs ended badly (its failure threshold in a row)."""
+    TOO_OFTEN = "too_often"
+    """Starts arrive faster than the job's period allows (a second scheduler,
+    a duplicated crontab line)."""
     # Delivery to external sinks (``outbox.py``), recorded under the job name
     # ``sink:NAME`` (":" cannot occur in a real job name).
     SINK_FAILED = "sink_failed"
@@ -52,10 +77,14 @@ class EventKind(enum.StrEnum):
     SINK_RECOVERED = "sink_recovered"
     """A sink that had failed accepted a delivery again (data: sink, attempts,
     down_since)."""
+    SINK_REJECTED = "sink_rejected"
+    """A sink refused one event for good (an HTTP 4xx other than 408 and 429):
+    it is set aside and the sink goes on with the rest (data: sink, event_id,
+    status, error)."""
 
 
 class Outcome(enum.StrEnum):
-    """How a started run ended. Exactly one per start (G6)."""
+    """How a started run ended. Exactly one per start."""
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -63,6 +92,8 @@ class Outcome(enum.StrEnum):
     REPLACED = "replaced"
     TIMED_OUT = "timed_out"
     ABANDONED = "abandoned"
+    INTERRUPTED = "interrupted"
+    STOPPED = "stopped"
 
     @property
     def event(self) -> EventKind:
