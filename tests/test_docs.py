@@ -112,18 +112,7 @@ INTERNAL = re.compile(
 """Names a reader cannot look up: the guarantee numbers of the design, the
 incident write-ups and the tracker the project was built from."""
 
-REWRITTEN_ELSEWHERE = {"docs/architecture.md": "rewritten on another branch; only annotations change here"}
-
-
-@pytest.mark.parametrize(
-    "doc",
-    [
-        pytest.param(d, marks=pytest.mark.xfail(reason=REWRITTEN_ELSEWHERE[d], strict=True))
-        if d in REWRITTEN_ELSEWHERE
-        else d
-        for d in DOCS
-    ],
-)
+@pytest.mark.parametrize("doc", DOCS)
 def test_docs_name_nothing_a_user_cannot_look_up(doc: str) -> None:
     found = [
         f"{doc}:{number}: {m.group(0)!r} in: {line.strip()}"
