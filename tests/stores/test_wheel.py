@@ -26,11 +26,12 @@ OFFLINE = ("Could not find a version that satisfies", "No matching distribution"
 CYCLE = """
 import sys
 import cronwarden
-from cronwarden import Warden
+from cronwarden import Run, Warden
 from cronwarden.stores import open_store
 
 store = open_store("sqlite:///" + sys.argv[1])
 with Warden(store, quiet=True).guard("wheel-check") as run:
+    assert isinstance(run, Run)
     token = run.token
 [ended] = store.runs("wheel-check")
 store.close()
