@@ -143,6 +143,48 @@ class Floor:
         self.client.close()
 
 
+class Peers:
+    """The Redis locks users already run, each on a default ``redis.Redis``:
+    python-redis-lock (``redis_lock.Lock`` with its renewal thread, as a job
+    wrapper would use it) and redis-py's own ``Lock``. One lock object per
+    cycle, as one per run."""
+
+    def __init__(self, prefix: str, server: str = REDIS_URL) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(server)
+        self.prl_key, self.lock_key = f"{prefix}peer:prl", f"{prefix}peer:redis-py"
+        try:
+            import redis_lock
+        except ImportError:
+            self.redis_lock: Any = None
+        else:
+            self.redis_lock = redis_lock
+
+    def python_redis_lock(self) -> None:
+        lock = self.redis_lock.Lock(self.client, self.prl_key, expire=int(TTL), auto_renewal=True)
+        assert lock.acquire(blocking=False), "python-redis-lock refused: another holder?"
+        lock.release()
+
+    def redis_py_lock(self) -> None:
+        lock = self.client.lock(self.lock_key, timeout=TTL)
+        assert lock.acquire(blocking=False), "redis-py Lock refused: another holder?"
+        lock.release()
+
+    def candidates(self) -> list[Candidate]:
+        """The peers as candidates (python-redis-lock only when installed)."""
+        out = [Candidate("peer: redis-py Lock, acquire(blocking=False) + release", self.redis_py_lock,
+                         note="reference: a lock users already have")]  # fmt: skip
+        if self.redis_lock is not None:
+            name = "peer: python-redis-lock Lock(auto_renewal=True), acquire + release"
+            note = "cronwarden's cycle must not be slower"
+            out.insert(0, Candidate(name, self.python_redis_lock, note=note))
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class MinimalLedger:
     """The least a ledger-keeping lease can do: lease + fencing token +
     ``started`` record in one Lua call, release + terminal record in another,
@@ -244,6 +286,7 @@ class StoreCycle:
 def uncontended(prefix: str, quick: bool, budget: float) -> None:
     started = time.monotonic()
     floor, store, minimal = Floor(prefix), StoreCycle(prefix, "bench"), MinimalLedger(prefix)
+    peers = Peers(prefix)
     base = Candidate("(a) floor: SET NX PX + Lua compare-and-delete", floor.cycle)
     fenced = Candidate("ref: SET NX PX + INCR token in one Lua, + compare-and-delete", floor.fenced_cycle,
                        note="reference: a bare fenced lease")  # fmt: skip
@@ -252,13 +295,14 @@ def uncontended(prefix: str, quick: bool, budget: float) -> None:
     bare = Candidate("(b) bare lease: store.lock + store.unlock", store.lock_cycle, BARE)
     cycle = Candidate("(c) full guarded cycle: store.acquire + store.finish", store.cycle, FULL)
     guard = Candidate("(c) full guarded cycle: Warden.guard enter/exit", store.guard_cycle, FULL)
-    others = [fenced, ledger, bare, cycle, guard]
+    others = [*peers.candidates(), fenced, ledger, bare, cycle, guard]
     try:
         n = interleave(base, others, min_rounds=5, budget=budget)
     finally:
         floor.close()
         store.close()
         minimal.close()
+        peers.close()
     print_table("uncontended: one acquire+release cycle on a kept connection", rows(base, others))
     print_footer(n, started)
 
