@@ -3,9 +3,11 @@
 -- owner abandoned, grant with the next token, or act by the policy.
 -- KEYS: 1 lease, 2 live, 3 open runs, 4 finished runs, 5 job index, 6 event records,
 --       7 run id index, 8 jobs -> events written, and for policy allow: 9 side lease, 10 side live
--- ARGV: 1-11 the start (read_start), 12 policy, 13 max_pending, 14 a second event id, 15 side key
-local s = read_start(1)
-local policy, eid2 = ARGV[12], ARGV[14]
+-- ARGV[1]: a JSON array of texts: 1-11 the start (read_start), 12 policy, 13 max_pending,
+--          14 a second event id, 15 side key
+local a = cjson.decode(ARGV[1])
+local s = read_start(a, 1)
+local policy, eid2 = a[12], a[14]
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job', 'host', 'pid', 'started',
   'slot', 'revoked_by', 'rseq', 'sid')
 local owner = h[1]
@@ -61,7 +63,7 @@ if policy == 'allow' then
   if not prior then
     local side = {}
     for k, v in pairs(s) do side[k] = v end
-    side.key = ARGV[15]
+    side.key = a[15]
     local ms = now_ms()
     start_run(KEYS[9], KEYS[10], KEYS[3], KEYS[5], side, '1',
       {'exp', string.format('%d', ms + tonumber(s.ttl_ms))}, true)
@@ -79,7 +81,7 @@ if prior then
 end
 if policy == 'queue' then
   local pending = tonumber(h[4] or '0')
-  if pending < tonumber(ARGV[13]) then
+  if pending < tonumber(a[13]) then
     redis.call('HINCRBY', KEYS[1], 'pending', 1)
     kind, data = 'queued', data .. ',"pending":' .. (pending + 1)
   else

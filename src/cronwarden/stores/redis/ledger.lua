@@ -141,9 +141,8 @@ local function flush(evk, runk, jobsk, runsk)
   end
 end
 
--- A start's 11 arguments from ARGV[i] on (the client's Start.args order).
-local function read_start(i)
-  local a = ARGV
+-- A start's 11 fields from a[i] on (the client's _start_fields order).
+local function read_start(a, i)
   return {run_id = a[i], job = a[i + 1], key = a[i + 2], host = a[i + 3], pid = a[i + 4], ttl_ms = a[i + 5],
     ttl = a[i + 6], at = a[i + 7], athex = a[i + 8], slot = a[i + 9], eid = a[i + 10]}
 end
