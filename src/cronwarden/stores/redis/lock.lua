@@ -6,13 +6,12 @@
 -- server's clock like a job's lease does.
 -- KEYS: 1 the lock (owner, PX), 2 its counter. ARGV: 1 owner, 2 ttl ms
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
-local srv = server_id()
+local srv, us = server()
 local token = redis.call('HINCRBY', KEYS[2], srv, 1)
 if token == 1 then
   -- No grant yet under this server process: one more than any other
   -- process's counter, and at least the server's clock in microseconds.
-  local _, t = now_ms()
-  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  token = us
   for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
     if tonumber(v) >= token then token = tonumber(v) + 1 end
   end
