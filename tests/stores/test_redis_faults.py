@@ -240,7 +240,7 @@ def test_scripts_are_loaded_again_after_script_flush(server: RedisServer) -> Non
     admin.close()
 
 
-def test_a_killed_idle_connection_is_replaced_and_asks_the_server_id_again(server: RedisServer) -> None:
+def test_a_killed_idle_connection_is_replaced_and_the_token_goes_on_by_one(server: RedisServer) -> None:
     admin = server.admin()
     with open_store(server.url()) as store:
         first = store.lock("leader", "a", LONG_TTL)
@@ -378,6 +378,43 @@ def test_missing_database_is_a_store_error(server: RedisServer) -> None:
     with store, pytest.raises(StoreError) as caught:
         store.jobs()
     assert not isinstance(caught.value, StoreUnavailable)
+
+
+def test_a_key_of_the_wrong_type_under_the_prefix_is_a_one_line_store_error(server: RedisServer) -> None:
+    admin = server.admin()
+    admin.set("cw_fault:open", "not a hash")  # another program's key where the open runs hash goes
+    with open_store(server.url()) as store, pytest.raises(StoreError) as caught:
+        store.acquire(start())
+    message = str(caught.value)
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert "WRONGTYPE" in message and "\n" not in message and f"127.0.0.1:{server.port}" in message
+    admin.close()
+
+
+def test_a_read_only_replica_is_unavailable_for_writes_and_names_it(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    with private_redis(tmp_path / "replica", args=("--replicaof", "127.0.0.1", str(server.port))) as replica:
+        with open_store(replica.url()) as store, pytest.raises(StoreUnavailable) as caught:
+            store.acquire(start())
+        message = str(caught.value)
+        assert "read only replica" in message and "\n" not in message and "cannot serve writes" in message
+
+
+def test_a_server_out_of_memory_is_unavailable_and_leaves_no_lease(tmp_path: Path) -> None:
+    with private_redis(
+        tmp_path / "oom", args=("--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+    ) as full:
+        admin = full.admin()
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for i in range(64):  # fill it past maxmemory
+                admin.set(f"filler:{i}", "x" * 100_000)
+        with open_store(full.url()) as store, pytest.raises(StoreUnavailable) as caught:
+            store.acquire(start())
+        message = str(caught.value)
+        assert "maxmemory" in message and "\n" not in message and "cannot serve writes" in message
+        assert admin.keys("cw_fault:*") == []
+        admin.close()
 
 
 @pytest.mark.parametrize(

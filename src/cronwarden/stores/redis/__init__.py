@@ -31,9 +31,9 @@ Every grant takes more than a microsecond of server time, so ``first TIME +
 grants`` never overtakes the clock: tokens never go backwards unless the
 server's clock steps back across the restart.
 
-Sending a script twice. redis-py retries a call once more on a connection
-error (``client.py``), and a connection can break after the server ran the
-script, so every script is safe to run twice with the same arguments:
+Sending a script twice. redis-py sends a call again on a connection error
+(``client.py``), and a connection can break after the server ran the
+script, so every script is safe to run again with the same arguments:
 ``acquire`` finds its own grant by the ``started`` event id it sent (kept in
 the lease hash as ``sid``) and its own refusal by the run's events, and
 answers as the first try did; ``finish`` finds the run record it wrote, or
@@ -54,7 +54,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis import exceptions as x
+from redis import exceptions as redis_errors
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, mask_password
@@ -162,23 +162,27 @@ class RedisStore(Store):
 
     # -- plumbing ---------------------------------------------------------
 
-    def _error(self, e: x.RedisError) -> StoreError:
+    def _error(self, e: redis_errors.RedisError) -> StoreError:
         """A redis-py error as the store's one-line error: unavailable when
         trying again later may work, an error otherwise."""
         text = (str(e).strip().splitlines() or [type(e).__name__])[0]
         where = f"Redis store {self.address}"
         refused = (
-            x.AuthenticationError,
-            x.AuthorizationError,
-            x.AuthenticationWrongNumberOfArgsError,
-            x.NoPermissionError,
+            redis_errors.AuthenticationError,
+            redis_errors.AuthorizationError,
+            redis_errors.AuthenticationWrongNumberOfArgsError,
+            redis_errors.NoPermissionError,
         )
         if isinstance(e, refused):
             return StoreError(f"{where} refused our credentials or permissions: {text}")
-        if isinstance(e, x.ConnectionError | x.TimeoutError):
+        if isinstance(e, redis_errors.ConnectionError | redis_errors.TimeoutError):
             return StoreUnavailable(f"{where} is unreachable: {text}")
         if isinstance(
-            e, x.ReadOnlyError | x.OutOfMemoryError | x.TryAgainError | x.ClusterDownError
+            e,
+            redis_errors.ReadOnlyError
+            | redis_errors.OutOfMemoryError
+            | redis_errors.TryAgainError
+            | redis_errors.ClusterDownError,
         ) or text.startswith(("BUSY", "LOADING", "MASTERDOWN")):
             return StoreUnavailable(f"{where} cannot serve writes right now: {text}")
         if "DB index" in text:
@@ -191,7 +195,7 @@ class RedisStore(Store):
         """Run ``script`` (one round trip; two more on ``NOSCRIPT``)."""
         try:
             return script(keys=keys, args=args, client=client)
-        except x.RedisError as e:
+        except redis_errors.RedisError as e:
             raise self._error(e) from None
 
     def _renewer(self, ttl: float) -> redis.Redis:
@@ -351,7 +355,7 @@ class RedisStore(Store):
             pipe = self._client.pipeline(transaction=atomic)
             build(pipe)
             replies: list[Any] = pipe.execute()
-        except x.RedisError as e:
+        except redis_errors.RedisError as e:
             raise self._error(e) from None
         return replies
 
