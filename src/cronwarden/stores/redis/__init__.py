@@ -136,7 +136,7 @@ class RedisStore(Store):
         self.prefix = prefix
         self.runs_per_job = runs_per_job
         self.events_per_job = events_per_job
-        self._socket_timeout: float = kwargs.get("socket_timeout") or math.inf
+        self._timeout: float = kwargs.get("socket_timeout") or math.inf
         self._renewers: dict[float, redis.Redis] = {}
         self._renewers_lock = threading.Lock()
         p = prefix
@@ -205,7 +205,7 @@ class RedisStore(Store):
         too, no later than the lease can expire server-side, so the heartbeat
         thread always gets control back in time to declare the lease lost
         (G3). One client per timeout, kept until ``close``."""
-        timeout = round(max(0.01, min(margin(ttl), self._socket_timeout)), 3)
+        timeout = round(max(0.01, min(margin(ttl), self._timeout)), 3)
         with self._renewers_lock:
             client = self._renewers.get(timeout)
             if client is None:
