@@ -33,9 +33,9 @@ that no call hangs and the heartbeat thread gets control back."""
 HEALTH_CHECK_INTERVAL = 30
 """Seconds a connection may sit idle before its next use is preceded by a ``PING``."""
 RETRIES = 2
-"""Tries after the first on a connection error (with a backoff of 50 ms,
-doubling, jittered): enough for a connection killed under a call and a
-server restarting, few enough to answer a server that is down at once."""
+"""Tries after the first on a connection error (after a random wait of up
+to 100 ms, then up to 200 ms): enough for a connection killed under a call
+and a server restarting, few enough to answer a server that is down soon."""
 
 _SSL_CERT_REQS = ("none", "optional", "required")
 
