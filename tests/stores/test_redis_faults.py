@@ -240,7 +240,7 @@ def test_scripts_are_loaded_again_after_script_flush(server: RedisServer) -> Non
     admin.close()
 
 
-def test_a_killed_idle_connection_is_replaced_and_asks_the_server_id_again(server: RedisServer) -> None:
+def test_a_killed_idle_connection_is_replaced_and_the_token_goes_on_by_one(server: RedisServer) -> None:
     admin = server.admin()
     with open_store(server.url()) as store:
         first = store.lock("leader", "a", LONG_TTL)
@@ -378,6 +378,43 @@ def test_missing_database_is_a_store_error(server: RedisServer) -> None:
     with store, pytest.raises(StoreError) as caught:
         store.jobs()
     assert not isinstance(caught.value, StoreUnavailable)
+
+
+def test_a_key_of_the_wrong_type_under_the_prefix_is_a_one_line_store_error(server: RedisServer) -> None:
+    admin = server.admin()
+    admin.set("cw_fault:open", "not a hash")  # another program's key where the open runs hash goes
+    with open_store(server.url()) as store, pytest.raises(StoreError) as caught:
+        store.acquire(start())
+    message = str(caught.value)
+    assert not isinstance(caught.value, StoreUnavailable)
+    assert "WRONGTYPE" in message and "\n" not in message and f"127.0.0.1:{server.port}" in message
+    admin.close()
+
+
+def test_a_read_only_replica_is_unavailable_for_writes_and_names_it(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    with private_redis(tmp_path / "replica", args=("--replicaof", "127.0.0.1", str(server.port))) as replica:
+        with open_store(replica.url()) as store, pytest.raises(StoreUnavailable) as caught:
+            store.acquire(start())
+        message = str(caught.value)
+        assert "read only replica" in message and "\n" not in message and "cannot serve writes" in message
+
+
+def test_a_server_out_of_memory_is_unavailable_and_leaves_no_lease(tmp_path: Path) -> None:
+    with private_redis(
+        tmp_path / "oom", args=("--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+    ) as full:
+        admin = full.admin()
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for i in range(64):  # fill it past maxmemory
+                admin.set(f"filler:{i}", "x" * 100_000)
+        with open_store(full.url()) as store, pytest.raises(StoreUnavailable) as caught:
+            store.acquire(start())
+        message = str(caught.value)
+        assert "maxmemory" in message and "\n" not in message and "cannot serve writes" in message
+        assert admin.keys("cw_fault:*") == []
+        admin.close()
 
 
 @pytest.mark.parametrize(
@@ -599,133 +636,25 @@ def test_outbox_acknowledges_event_ids_that_need_json_escapes(shared_url: str) -
         assert [e.event_id for e in store.undelivered("hook", 100)] == [plain.event_id]
 
 
-# -- the fast paths ----------------------------------------------------------
-
-
-def general_only(store: Store) -> None:
-    """Make the fast scripts answer "not mine" at once: every step then takes
-    the general script, as before they existed."""
-    from cronwarden.stores.redis import _Lua
-
-    store._grant_or_skip = store._release = _Lua("return false")  # type: ignore[attr-defined]
+# -- one script per step -----------------------------------------------------
 
 
 def scripts_sent(store: Store) -> list[str]:
     """The names of the scripts ``store`` sends from now on, in order."""
-    names = {getattr(store, n).sha: n for n in ("_acquire", "_finish", "_grant_or_skip", "_release", "_trim")}
+    scripts = store._scripts  # type: ignore[attr-defined]
+    names = {getattr(scripts, n).sha: n for n in vars(scripts)}
     sent: list[str] = []
-    send = store._eval  # type: ignore[attr-defined]
+    call = store._call  # type: ignore[attr-defined]
 
     def logged(script: Any, *args: Any, **kwargs: Any) -> Any:
         sent.append(names.get(script.sha, "other"))
-        return send(script, *args, **kwargs)
+        return call(script, *args, **kwargs)
 
-    store._eval = logged  # type: ignore[attr-defined]
+    store._call = logged  # type: ignore[attr-defined]
     return sent
 
 
-HOSTILE = 'a "quoted" \\ host/1'
-
-
-def every_way(store: Store) -> list[str]:
-    """Runs that start and end every way the fast scripts may meet, with the
-    same run ids, times and hosts whatever the store; the scripts sent."""
-    sent = scripts_sent(store)
-    t = 1_750_000_000.0
-
-    def at(job: str, run_id: str, when: float, policy: Policy = Policy.SKIP, host: str = HOSTILE) -> Start:
-        return Start(job=job, key=job, run_id=run_id, host=host, pid=7, ttl=LONG_TTL, at=t + when,
-                     policy=policy, slot=t)  # fmt: skip
-
-    def done(when: float) -> End:
-        return End(outcome=Outcome.SUCCEEDED, at=t + when, exit_code=0)
-
-    # A free lease, a skip against its holder, a failed end with a detail to escape.
-    a = granted(store.acquire(at("plain", "a", 0))).lease
-    assert isinstance(store.acquire(at("plain", "z", 2.5)), Refused)
-    assert store.finish(a, End(outcome=Outcome.FAILED, at=t + 4, exit_code=3, detail='é "x" \n')).recorded
-    # A lease granted for policy replace (the general script), skipped against and released.
-    r = granted(store.acquire(at("replace", "r", 0, Policy.REPLACE))).lease
-    assert isinstance(store.acquire(at("replace", "y", 1)), Refused)
-    assert store.finish(r, done(5)).recorded
-    # A queued start handed over (its start is linked by the run id index), then released.
-    q = granted(store.acquire(at("queue", "q", 0))).lease
-    waiting = at("queue", "w", 1, Policy.QUEUE)
-    assert isinstance(store.acquire(waiting), Refused)
-    handed = store.finish(q, done(6), then=waiting).next
-    assert handed is not None and store.finish(handed, done(7)).recorded
-    # The same run id granted twice, the second time by the general script with another host.
-    g = granted(store.acquire(at("again", "g", 0))).lease
-    assert store.finish(g, done(8)).recorded
-    g2 = granted(store.acquire(at("again", "g", 10, Policy.QUEUE, host="second"))).lease
-    skip = store.acquire(at("again", "x", 11))
-    assert isinstance(skip, Refused) and skip.holder.token == g2.token and skip.holder.host == "second"
-    assert store.finish(g2, done(12)).recorded
-    return sent
-
-
-def keyspace(prefix: str) -> dict[str, object]:
-    """Every key under ``prefix``, comparable between two stores: JSON parsed,
-    event ids and tokens replaced by their order, server clock times left out."""
-    import json
-    import re
-
-    client = redis.Redis.from_url(SHARED, decode_responses=True)
-    raw: dict[str, object] = {}
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        kind = client.type(key)
-        if kind == "hash":
-            raw[key[len(prefix) :]] = client.hgetall(key)
-        elif kind == "zset":
-            raw[key[len(prefix) :]] = client.zrange(key, 0, -1)
-        else:
-            assert kind == "string", (key, kind)
-            raw[key[len(prefix) :]] = client.get(key)
-    client.close()
-    text = json.dumps(raw, sort_keys=True)
-    ids = {
-        u: f"<id {i}>" for i, u in enumerate(dict.fromkeys(re.findall(r"[0-9a-f]{8}-[0-9a-f-]{27}", text)))
-    }
-    tokens = {tok: f"<token {i}>" for i, tok in enumerate(sorted(set(re.findall(r"\b1[0-9]{15}\b", text))))}
-
-    def plain(value: object) -> object:
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items() if k not in ("exp", "srv")}
-        if isinstance(value, list):
-            return [plain(v) for v in value]
-        if isinstance(value, int) and str(value) in tokens:
-            return tokens[str(value)]
-        if isinstance(value, str):
-            if value.startswith("{") and value.endswith("}"):
-                return plain(json.loads(value))
-            # cjson writes "/" as "\\/" (general scripts), json.dumps as "/" (fast ones)
-            value = value.replace("\\/", "/")
-            for old, new in (*ids.items(), *tokens.items()):
-                value = value.replace(old, new)
-        return value
-
-    return {k: plain(v) for k, v in raw.items()}
-
-
-def test_the_fast_scripts_write_what_the_general_scripts_write(shared_url: str) -> None:
-    """The same steps, once with the fast scripts and once with the general
-    ones only: every key under the two prefixes is the same (records parsed,
-    ids and tokens by order), and the fast scripts did take the common steps."""
-    fast_prefix = shared_url.split("prefix=", 1)[1]
-    general_url = shared_url.replace(fast_prefix, fast_prefix + "general:")
-    with open_store(shared_url) as fast, open_store(general_url) as general:
-        general_only(general)
-        sent = every_way(fast)
-        every_way(general)
-    # Policy replace and queue starts, and the hand-over, are the general scripts' only.
-    assert sent.count("_grant_or_skip") == 6 and sent.count("_acquire") == 3
-    assert sent.count("_release") == 5 and sent.count("_finish") == 1
-    fast_keys = keyspace(fast_prefix)
-    fast_keys = {k: v for k, v in fast_keys.items() if not k.startswith("general:")}
-    assert fast_keys == keyspace(fast_prefix + "general:")
-
-
-def test_a_skip_start_on_an_expired_lease_falls_back_and_records_the_dead_run_abandoned(
+def test_a_skip_start_on_an_expired_lease_records_the_dead_run_abandoned_in_one_script(
     shared_url: str,
 ) -> None:
     with open_store(shared_url) as store:
@@ -733,31 +662,48 @@ def test_a_skip_start_on_an_expired_lease_falls_back_and_records_the_dead_run_ab
         wait_for("the lease to expire", lambda: (store.lease("ghost").expires_in or 0) <= 0, 5)  # type: ignore[union-attr]
         sent = scripts_sent(store)
         taken = granted(store.acquire(start("ghost")))
-        assert sent == ["_grant_or_skip", "_acquire"]
+        assert sent == ["acquire"]
         assert taken.abandoned == (dead.run_id,)
         assert store.run(dead.run_id).outcome is Outcome.ABANDONED  # type: ignore[union-attr]
         assert store.finish(taken.lease, end()).recorded
-        assert sent[-1] == "_release"
+        assert sent == ["acquire", "finish"]
 
 
-def test_the_kept_connection_is_kept_when_its_socket_is_above_fd_1024(shared_url: str) -> None:
-    """The idle check must not take a socket select() cannot watch for a
-    dead one: a process with many files open would reconnect on every call."""
+def sockets_from(low: int) -> list[int]:
+    """This process's socket file descriptors numbered ``low`` or more."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if int(name) >= low and os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                out.append(int(name))
+        except OSError:
+            pass  # closed meanwhile
+    return out
+
+
+def test_calls_reuse_their_pooled_connection_when_its_socket_is_above_fd_1024(server: RedisServer) -> None:
+    """The pool's check of an idle connection must not take a socket that
+    select() cannot watch for a dead one: a process with many files open
+    would reconnect on every call."""
     import resource
 
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1200:
         pytest.skip(f"needs 1,200 open files, the limit is {soft}")
+    admin = server.admin()
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        with open_store(shared_url) as store:
+        with open_store(server.url()) as store:
             store.record(Event(kind=EventKind.SLOW, job="fds", at=time.time()))
-            conn = store._kept[0]  # type: ignore[attr-defined]
-            sock = conn._sock
-            assert sock.fileno() >= 1024
+            [client] = [c for c in admin.client_list() if c["name"] == "cronwarden"]
+            assert sockets_from(1024), "the premise: the store's socket is above fd 1024"
+            connections = admin.info("stats")["total_connections_received"]
             for _ in range(20):
                 store.record(Event(kind=EventKind.SLOW, job="fds", at=time.time()))
-            assert store._kept[0] is conn and conn._sock is sock  # type: ignore[attr-defined]
+                store.acquire(start("fds"))
+            assert admin.info("stats")["total_connections_received"] == connections
+            assert [c["id"] for c in admin.client_list() if c["name"] == "cronwarden"] == [client["id"]]
     finally:
         for fd in held:
             os.close(fd)
+        admin.close()

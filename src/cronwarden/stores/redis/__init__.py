@@ -1,0 +1,598 @@
+"""The Redis store: leases, fencing and the ledger in one Redis database.
+
+Every write is one Lua script, so each contract step is atomic and one round
+trip: ``acquire`` (lease check, abandoned detection, fencing, ``started`` or
+the refusal event, policy branch, retention), ``finish`` (terminal record,
+release, the queued ``then`` start), ``renew`` (owner-checked ``PEXPIRE``),
+``record``, the outbox's two, the bare lock's three and ``claim_slot``. The
+scripts are the ``.lua`` files beside this module, one per step, built on
+shared parts (``scripts.py`` says how) and called through redis-py's
+``Script`` (``EVALSHA``, loaded again on ``NOSCRIPT``) on the client's
+connection pool (``client.py``). Every key a script touches is passed in
+``KEYS``. Key layout, retention and what is not guaranteed are in
+``docs/stores/redis.md``.
+
+A lease is two keys. ``lease:<key>`` is a hash that never expires: owner,
+fencing token, pending count, revocation, and the open run's start (job,
+host, pid, start time, slot), so a later start can still name and close an
+owner whose lease ran out (G6, G7). ``live:<key>`` holds the owner's run id
+with ``PX``: while the hash names an owner, the lease is live while this key
+exists (every grant sets both in one script), so expiry is judged by the
+server's clock (G4). A release removes the owner and leaves the live key to
+expire: nothing reads it without an owner.
+
+Fencing (G2): a grant takes the stored token + 1 while the server process that
+granted the previous token is still the one answering (its ``run_id`` is
+stored with the token; the script reads the id of the process running it
+with ``INFO server``, ``fence.lua``). Otherwise -- first grant of a key, a
+restart that lost the data, a restore of an older snapshot, a failover to a
+replica -- the token is ``max(stored + 1, server TIME in microseconds)``.
+Every grant takes more than a microsecond of server time, so ``first TIME +
+grants`` never overtakes the clock: tokens never go backwards unless the
+server's clock steps back across the restart.
+
+Sending a script twice. redis-py sends a call again on a connection error
+(``client.py``), and a connection can break after the server ran the
+script, so every script is safe to run again with the same arguments:
+``acquire`` finds its own grant by the ``started`` event id it sent (kept in
+the lease hash as ``sid``) and its own refusal by the run's events, and
+answers as the first try did; ``finish`` finds the run record it wrote, or
+the run it handed over to; ``record`` remembers event ids; ``renew``,
+``renew_lock``, ``claim_slot`` and the outbox's are idempotent. ``lock`` and
+``unlock`` retried after their first try answer "not granted" and "not
+held": the lock is then left to expire by its ttl, never double-granted.
+
+The ``clock`` given to the store is kept for the interface but never read for
+expiry: only the server's clock decides (G4).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from redis import exceptions as redis_errors
+
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, mask_password
+from cronwarden.events import Event, EventKind, JobInfo, RunRecord, new_id
+from cronwarden.lease import Lease, margin
+from cronwarden.policy import Policy
+from cronwarden.stores.base import (
+    NEW_SINK_BACKFILL,
+    End,
+    EventQuery,
+    Finished,
+    Granted,
+    Holder,
+    LeaseInfo,
+    Refusal,
+    Refused,
+    Start,
+    Store,
+)
+
+from .client import DEFAULT_EVENTS_PER_JOB, DEFAULT_PREFIX, DEFAULT_RUNS_PER_JOB, Settings, renewer
+from .records import event, expires_in, finished_run, ms, ordhex, ttl_ms, unordhex
+from .scripts import Limits, Scripts
+
+if TYPE_CHECKING:
+    import redis
+    from redis.client import Pipeline
+    from redis.commands.core import Script
+
+__all__ = [
+    "DEFAULT_EVENTS_PER_JOB",
+    "DEFAULT_PREFIX",
+    "DEFAULT_RUNS_PER_JOB",
+    "RECORDED_IDS_KEPT",
+    "RedisStore",
+]
+
+RECORDED_IDS_KEPT = 86_400
+"""Seconds ``record`` remembers an event id, so that a retried call is a
+no-op (the contract): a day, far longer than any retry takes."""
+
+_LEASE_FIELDS = ("owner", "token", "job", "host", "pid", "started", "slot")
+
+
+_packed = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+"""The texts a script decodes from its one argument (``cjson.decode``): one
+argument costs the client far less to send than many (redis-py builds a
+command argument by argument), and any text goes through as it is."""
+
+
+class RedisStore(Store):
+    """A store in one Redis database, every key under ``prefix``.
+
+    ``client`` may be given (and is then not closed by ``close``); it must
+    decode responses (``decode_responses=True``). Its retry settings are used
+    as they are: every script is safe to send twice (module docstring).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        runs_per_job: int = DEFAULT_RUNS_PER_JOB,
+        events_per_job: int = DEFAULT_EVENTS_PER_JOB,
+        clock: Clock = SYSTEM_CLOCK,
+        url: str | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        if runs_per_job < 1 or events_per_job < 1:
+            raise ValueError("runs_per_job and events_per_job must be at least 1")
+        self._client = client
+        self._owns_client = owns_client
+        self._clock = clock  # kept for the interface; expiry is the server's (G4)
+        kwargs = client.connection_pool.connection_kwargs
+        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+        self.address = f"{host}:{port}"
+        self.url = url or f"redis://{self.address}/{kwargs.get('db', 0)}?prefix={prefix}"
+        self.prefix = prefix
+        self.runs_per_job = runs_per_job
+        self.events_per_job = events_per_job
+        self._timeout: float = kwargs.get("socket_timeout") or math.inf
+        self._renewers: dict[float, redis.Redis] = {}
+        self._renewers_lock = threading.Lock()
+        p = prefix
+        self._k_open, self._k_runs, self._k_ev, self._k_ev_run = p + "open", p + "runs", p + "ev", p + "ev:r"
+        self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
+        self._k_job_counts = p + "jobs:n"
+        self._scripts = Scripts(client, Limits.of(runs_per_job, events_per_job))
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> RedisStore:
+        """A store on the client ``url`` describes (``client.Settings.parse``
+        says what a URL may hold)."""
+        settings = Settings.parse(url)
+        return cls(
+            settings.client(),
+            prefix=settings.prefix,
+            runs_per_job=settings.runs_per_job,
+            events_per_job=settings.events_per_job,
+            clock=clock,
+            url=mask_password(url),
+            owns_client=True,
+        )
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _error(self, e: redis_errors.RedisError) -> StoreError:
+        """A redis-py error as the store's one-line error: unavailable when
+        trying again later may work, an error otherwise."""
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        where = f"Redis store {self.address}"
+        refused = (
+            redis_errors.AuthenticationError,
+            redis_errors.AuthorizationError,
+            redis_errors.AuthenticationWrongNumberOfArgsError,
+            redis_errors.NoPermissionError,
+        )
+        if isinstance(e, refused):
+            return StoreError(f"{where} refused our credentials or permissions: {text}")
+        if isinstance(e, redis_errors.ConnectionError | redis_errors.TimeoutError):
+            return StoreUnavailable(f"{where} is unreachable: {text}")
+        if isinstance(
+            e,
+            redis_errors.ReadOnlyError
+            | redis_errors.OutOfMemoryError
+            | redis_errors.TryAgainError
+            | redis_errors.ClusterDownError,
+        ) or text.startswith(("BUSY", "LOADING", "MASTERDOWN")):
+            return StoreUnavailable(f"{where} cannot serve writes right now: {text}")
+        if "DB index" in text:
+            return StoreError(f"{where} has no such database: {text}")
+        return StoreError(f"{where}: {text}")
+
+    def _call(
+        self, script: Script, keys: list[str], args: list[str], client: redis.Redis | None = None
+    ) -> Any:
+        """Run ``script`` (one round trip; two more on ``NOSCRIPT``)."""
+        try:
+            return script(keys=keys, args=args, client=client)
+        except redis_errors.RedisError as e:
+            raise self._error(e) from None
+
+    def _renewer(self, ttl: float) -> redis.Redis:
+        """A client whose calls give up within the belief margin (the part
+        of the ttl the holder does not trust, ``lease.margin``). A renew sent
+        before the holder's deadline then returns, on a hung or paused server
+        too, no later than the lease can expire server-side, so the heartbeat
+        thread always gets control back in time to declare the lease lost
+        (G3). One client per timeout, kept until ``close``."""
+        timeout = round(max(0.01, min(margin(ttl), self._timeout)), 3)
+        with self._renewers_lock:
+            client = self._renewers.get(timeout)
+            if client is None:
+                client = self._renewers[timeout] = renewer(self._client, timeout)
+            return client
+
+    def _index(self, job: str) -> str:
+        return f"{self.prefix}job:{job}"
+
+    def _ledger_keys(self, key: str, job: str) -> list[str]:
+        """The keys of ``acquire`` and ``finish`` (see their scripts)."""
+        p = self.prefix
+        return [f"{p}lease:{key}", f"{p}live:{key}", self._k_open, self._k_runs, self._index(job), self._k_ev,
+                self._k_ev_run, self._k_job_counts]  # fmt: skip
+
+    @staticmethod
+    def _start_fields(start: Start) -> list[str]:
+        """A start's 11 fields, in the order ``read_start`` (ledger.lua) reads them."""
+        at = float(start.at)
+        return [
+            start.run_id,
+            start.job,
+            start.key,
+            start.host,
+            str(int(start.pid)),
+            str(ttl_ms(start.ttl)),
+            repr(float(start.ttl)),
+            repr(at),
+            ordhex(at),
+            "null" if start.slot is None else repr(float(start.slot)),
+            new_id(),  # its `started` event
+        ]
+
+    # -- the contract -----------------------------------------------------
+
+    def acquire(self, start: Start) -> Granted | Refused:
+        p = self.prefix
+        side = f"{start.key}+{start.run_id}"
+        keys = self._ledger_keys(start.key, start.job)
+        if start.policy is Policy.ALLOW:  # the side lease: declared only when it may be touched
+            keys += [f"{p}lease:{side}", f"{p}live:{side}"]
+        fields = [*self._start_fields(start), start.policy.value, str(start.max_pending), new_id(), side]
+        reply = self._call(self._scripts.acquire, keys, [_packed(fields)])
+        if reply[0] == "G":
+            lease = Lease(
+                key=start.key, job=start.job, run_id=start.run_id, token=int(reply[1]), ttl=start.ttl
+            )
+            return Granted(lease=lease, abandoned=(reply[2],) if reply[2] else ())
+        holder = Holder(
+            run_id=reply[2],
+            host=reply[3],
+            pid=int(reply[4]),
+            started_at=float(reply[5]),
+            token=int(reply[6]),
+            expires_in=max(int(reply[7]), 0.5) / 1000,
+        )
+        if reply[0] == "O":
+            lease = Lease(key=side, job=start.job, run_id=start.run_id, token=int(reply[1]), ttl=start.ttl)
+            return Granted(lease=lease, overlapped=holder)
+        return Refused(refusal=Refusal(reply[1]), holder=holder)
+
+    def renew(self, lease: Lease) -> None:
+        p = self.prefix
+        keys = [f"{p}lease:{lease.key}", f"{p}live:{lease.key}"]
+        args = [lease.run_id, str(ttl_ms(lease.ttl))]
+        reply = self._call(self._scripts.renew, keys, args, self._renewer(lease.ttl))
+        if reply[0] == "ok":
+            return
+        if reply[0] == "revoked":
+            raise LeaseRevoked(lease.key, reply[1])
+        raise LeaseLost(lease.key, "expired or taken by another run")
+
+    def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
+        keys = self._ledger_keys(lease.key, lease.job)
+        if then is not None:
+            keys.append(self._index(then.job))
+        exit_code = "null" if end.exit_code is None else str(int(end.exit_code))
+        detail = json.dumps(end.detail) if end.detail else '""'
+        at = float(end.at)
+        ending = (
+            f'"outcome":"{end.outcome.value}","ended_at":{at!r},"exit_code":{exit_code},"detail":{detail}'
+        )
+        data = f'{{"exit_code":{exit_code},"token":{int(lease.token)}'
+        if end.detail:
+            data += f',"detail":{detail}'
+        if end.replaced_by:
+            data += f',"replaced_by":{json.dumps(end.replaced_by)}'
+        side = "+" in lease.key and lease.key.endswith("+" + lease.run_id)
+        kind = end.outcome.event.value
+        fields = [lease.run_id, lease.job, lease.key, kind, ending, repr(at), ordhex(at), data, new_id(),
+                  "1" if side else "0"]  # fmt: skip
+        if then is not None:
+            fields += self._start_fields(then)
+        reply = self._call(self._scripts.finish, keys, [_packed(fields)])
+        nxt = None
+        if len(reply) > 2 and then is not None:
+            nxt = Lease(key=then.key, job=then.job, run_id=then.run_id, token=int(reply[2]), ttl=then.ttl)
+        return Finished(owned=reply[0] == 1, recorded=reply[1] == 1, next=nxt)
+
+    def record(self, event: Event) -> None:
+        at = float(event.at)
+        fields = [
+            event.event_id,
+            EventKind(event.kind).value,
+            event.job,
+            event.run_id or "",
+            repr(at),
+            ordhex(at),
+            json.dumps(dict(event.data), separators=(",", ":"), default=str),
+            str(RECORDED_IDS_KEPT * 1000),
+        ]
+        keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs,
+                f"{self.prefix}eid:{event.event_id}"]  # fmt: skip
+        self._call(self._scripts.record, keys, [_packed(fields)])
+
+    # -- the bare lock ----------------------------------------------------
+
+    def _lock_key(self, key: str) -> str:
+        return f"{self.prefix}lock:{key}"
+
+    def lock(self, key: str, owner: str, ttl: float) -> int | None:
+        keys = [self._lock_key(key), f"{self.prefix}lock-token:{key}"]
+        reply = self._call(self._scripts.lock, keys, [owner, str(ttl_ms(ttl))])
+        return None if reply is None else int(reply)
+
+    def renew_lock(self, key: str, owner: str, ttl: float) -> bool:
+        args = [owner, str(ttl_ms(ttl))]
+        return bool(self._call(self._scripts.renew_lock, [self._lock_key(key)], args, self._renewer(ttl)))
+
+    def unlock(self, key: str, owner: str) -> bool:
+        return bool(self._call(self._scripts.unlock, [self._lock_key(key)], [owner]))
+
+    # -- the scheduler's slot claim ---------------------------------------
+
+    def claim_slot(self, job: str, slot: float, owner: str, keep: float) -> str:
+        key = f"{self.prefix}slot:{job}:{float(slot)!r}"
+        # Rounded up: the claim is kept at least ``keep``.
+        keep_ms = max(1, math.ceil(keep * 1000))
+        return str(self._call(self._scripts.claim_slot, [key], [owner, str(keep_ms)]))
+
+    # -- the read side ----------------------------------------------------
+
+    def _read(self, build: Callable[[Pipeline], object], *, atomic: bool = False) -> list[Any]:
+        """Run the commands ``build`` queues in one round trip (in MULTI when
+        ``atomic``, for readings that must agree with each other)."""
+        try:
+            pipe = self._client.pipeline(transaction=atomic)
+            build(pipe)
+            replies: list[Any] = pipe.execute()
+        except redis_errors.RedisError as e:
+            raise self._error(e) from None
+        return replies
+
+    def _open_records(self, opened: dict[str, str], *, timed: bool) -> list[RunRecord]:
+        """Records of open runs (run id -> lease key) from their leases."""
+        if not opened:
+            return []
+        p = self.prefix
+        keys = sorted(set(opened.values()))
+
+        def build(pipe: Pipeline) -> None:
+            for key in keys:
+                pipe.hmget(f"{p}lease:{key}", [*_LEASE_FIELDS, "exp"])
+                pipe.get(f"{p}live:{key}")
+                pipe.pttl(f"{p}live:{key}")
+            pipe.time()
+
+        replies = self._read(build, atomic=True)
+        now_ms = ms(replies[-1])
+        state = {key: replies[3 * i : 3 * i + 3] for i, key in enumerate(keys)}
+        out = []
+        for run_id, key in opened.items():
+            fields, live, pttl = state[key]
+            owner, token, job, host, pid, started, slot, exp = fields
+            if owner != run_id or token is None:
+                continue  # not open after all (changed between our reads)
+            out.append(
+                RunRecord(
+                    run_id=run_id,
+                    job=job,
+                    key=key,
+                    host=host,
+                    pid=int(pid),
+                    token=int(token),
+                    slot=None if slot in (None, "null") else float(slot),
+                    started_at=float(started),
+                    expires_in=expires_in(run_id, owner, exp, live, pttl, now_ms) if timed else None,
+                )
+            )
+        return out
+
+    def open_runs(self, job: str | None = None) -> list[RunRecord]:
+        [opened] = self._read(lambda pipe: pipe.hgetall(self._k_open))
+        runs = [r for r in self._open_records(opened, timed=True) if job is None or r.job == job]
+        runs.sort(key=lambda r: (r.started_at, r.run_id))
+        return runs
+
+    def _records(self, ids: list[str]) -> dict[str, RunRecord]:
+        if not ids:
+            return {}
+        done, keys = self._read(lambda pipe: (pipe.hmget(self._k_runs, ids), pipe.hmget(self._k_open, ids)))
+        out = {rid: finished_run(rid, raw) for rid, raw in zip(ids, done, strict=True) if raw is not None}
+        opened = {rid: key for rid, key in zip(ids, keys, strict=True) if key is not None and rid not in out}
+        out.update((r.run_id, r) for r in self._open_records(opened, timed=False))
+        return out
+
+    def runs(self, job: str, limit: int = 50) -> list[RunRecord]:
+        if limit == 0:
+            return []
+        count = limit if limit > 0 else -1
+        [members] = self._read(
+            lambda pipe: pipe.zrevrangebylex(self._index(job), "(#}", "[#|", start=0, num=count)
+        )
+        ids = [m.split("|", 2)[2] for m in members]
+        found = self._records(ids)
+        return [found[rid] for rid in ids if rid in found]
+
+    def run(self, run_id: str) -> RunRecord | None:
+        return self._records([run_id]).get(run_id)
+
+    def events(self, query: EventQuery) -> list[Event]:
+        if query.limit == 0:
+            return []
+        limit = query.limit if query.limit > 0 else 2**62
+        kinds = sorted({EventKind(k).value for k in query.kinds}) if query.kinds else None
+        if query.run_id is not None:
+            return self._run_events(query.run_id, query, kinds, limit)
+        jobs = [query.job] if query.job is not None else self._ledger_jobs()
+        picks = self._picks([self._index(job) for job in jobs], kinds or ["@"], query, limit)
+        if query.newest_first:
+            picks.sort(key=lambda pick: (-pick[0], pick[1]))
+        else:
+            picks.sort()
+        seqs = [seq for _, seq in picks[:limit]]
+        if not seqs:
+            return []
+        [raw] = self._read(lambda pipe: pipe.hmget(self._k_ev, seqs))
+        return [event(seq, rec) for seq, rec in zip(seqs, raw, strict=True) if rec is not None]
+
+    def _ledger_jobs(self) -> list[str]:
+        """Jobs with a ledger: the keys of the per-job counters, and the set
+        that earlier versions of this store kept instead (read, no longer
+        written, so that their jobs stay visible)."""
+        counted, listed = self._read(
+            lambda pipe: (pipe.hkeys(self._k_job_counts), pipe.smembers(self._k_ledger_jobs))
+        )
+        return sorted({*counted, *listed})
+
+    def _run_events(self, run_id: str, query: EventQuery, kinds: list[str] | None, limit: int) -> list[Event]:
+        # Members are ``run_id|seq``; a run id with "|" in it could match
+        # another run's members, so records are checked below.
+        # A run's first events and those its lease recorded are listed in the
+        # field "r:<run id>" of the records hash; others in the run id index.
+        members, linked = self._read(
+            lambda pipe: (
+                pipe.zrangebylex(self._k_ev_run, f"[{run_id}|", f"({run_id}}}"),
+                pipe.hget(self._k_ev, f"r:{run_id}"),
+            )
+        )
+        seqs = sorted({*(m.rpartition("|")[2] for m in members), *(linked.split(",") if linked else ())})
+        if not seqs:
+            return []
+        [raw] = self._read(lambda pipe: pipe.hmget(self._k_ev, seqs))
+        found = [
+            e
+            for e in (event(seq, rec) for seq, rec in zip(seqs, raw, strict=True) if rec is not None)
+            if e.run_id == run_id
+            and (query.job is None or e.job == query.job)
+            and (kinds is None or e.kind.value in kinds)
+            and (query.since is None or e.at >= query.since)
+        ]
+        sign = -1 if query.newest_first else 1
+        found.sort(key=lambda e: (sign * e.at, e.seq or 0))
+        return found[:limit]
+
+    def _picks(
+        self, indexes: list[str], families: list[str], query: EventQuery, limit: int
+    ) -> list[tuple[float, str]]:
+        """(at, seq) of the first ``limit`` events of each family (``@`` for
+        all by time, or a kind) in each job index, plus every event tied with
+        the last one taken, so that ties can be ordered by seq as SQLite does
+        (newest first is ``at`` descending, then ``seq`` ascending)."""
+        low = "" if query.since is None else ordhex(float(query.since))
+        ranges = [(index, family) for index in indexes for family in families]
+
+        def first(pipe: Pipeline) -> None:
+            for index, family in ranges:
+                if query.newest_first:
+                    pipe.zrevrangebylex(index, f"({family}}}", f"[{family}|{low}", start=0, num=limit)
+                else:
+                    pipe.zrangebylex(index, f"[{family}|{low}", f"({family}}}", start=0, num=limit)
+
+        members: list[str] = []
+        edges: list[tuple[str, str, str]] = []
+        for (index, family), got in zip(ranges, self._read(first) if ranges else [], strict=True):
+            members += got
+            if query.newest_first and len(got) == limit:
+                edges.append((index, family, got[-1].split("|", 2)[1]))
+
+        def ties(pipe: Pipeline) -> None:
+            for index, family, hexat in edges:
+                pipe.zrangebylex(index, f"[{family}|{hexat}|", f"({family}|{hexat}}}")
+
+        if edges:
+            for got in self._read(ties):
+                members += got
+        picks: dict[str, tuple[float, str]] = {}
+        for member in members:
+            _, hexat, seq = member.split("|", 3)[:3]
+            picks[seq] = (unordhex(hexat), seq)
+        return list(picks.values())
+
+    def lease(self, key: str) -> LeaseInfo | None:
+        p = self.prefix
+
+        def build(pipe: Pipeline) -> None:
+            pipe.hmget(f"{p}lease:{key}", ["owner", "token", "pending", "revoked_by", "exp"])
+            pipe.get(f"{p}live:{key}")
+            pipe.pttl(f"{p}live:{key}")
+            pipe.time()
+
+        (owner, token, pending, revoked_by, exp), live, pttl, now = self._read(build, atomic=True)
+        if token is None:
+            return None
+        return LeaseInfo(
+            key=key,
+            owner=owner,
+            token=int(token),
+            expires_in=None if owner is None else expires_in(owner, owner, exp, live, pttl, ms(now)),
+            pending=int(pending or 0),
+            revoked_by=revoked_by or None,  # '' is "not revoked"
+        )
+
+    def save_job(self, job: JobInfo) -> None:
+        record = json.dumps(job._asdict(), separators=(",", ":"))
+        self._read(lambda pipe: pipe.hset(self._k_jobs, job.name, record))
+
+    def jobs(self) -> list[JobInfo]:
+        [raw] = self._read(lambda pipe: pipe.hgetall(self._k_jobs))
+        return [JobInfo(**json.loads(raw[name])) for name in sorted(raw)]
+
+    def job(self, name: str) -> JobInfo | None:
+        [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))
+        return None if raw is None else JobInfo(**json.loads(raw))
+
+    # -- the outbox -------------------------------------------------------
+
+    def _outbox_keys(self, sink: str) -> list[str]:
+        return [self._k_ev, f"{self.prefix}outbox:{sink}:mark", f"{self.prefix}outbox:{sink}:acks"]
+
+    def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
+        if limit < 1:
+            return []
+        keys = self._outbox_keys(sink)
+        reply = self._call(self._scripts.undelivered, keys, [str(limit)])
+        if reply is None:
+            self._register(sink, backfill)
+            reply = self._call(self._scripts.undelivered, keys, [str(limit)])
+        return [event(reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
+
+    def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(event_ids))
+        if not ids:
+            return
+        keys = self._outbox_keys(sink)
+        if self._call(self._scripts.mark_delivered, keys, ids) is None:
+            self._register(sink, NEW_SINK_BACKFILL)
+            self._call(self._scripts.mark_delivered, keys, ids)
+
+    def _register(self, sink: str, backfill: float) -> None:
+        """A new sink's mark: just before the first event, in seq order, whose
+        ``at`` is within ``backfill`` of now (the counter if none). Reads the
+        events of that window once, per sink name; ``SET NX`` keeps the first
+        registration if two race."""
+        cutoff = ordhex(self._clock.wall() - backfill)
+        jobs = self._ledger_jobs()
+        [top] = self._read(lambda pipe: pipe.hget(self._k_ev, "seq"))
+        indexes = [self._index(job) for job in jobs]
+        found = self._read(lambda pipe: [pipe.zrangebylex(i, f"[@|{cutoff}", "(@}") for i in indexes])
+        seqs = [int(m.split("|", 3)[2]) for members in found for m in members]
+        mark = min(seqs) - 1 if seqs else int(top or 0)
+        self._read(lambda pipe: pipe.set(self._outbox_keys(sink)[1], str(mark), nx=True))
+
+    def close(self) -> None:
+        with self._renewers_lock:
+            for client in self._renewers.values():
+                client.connection_pool.disconnect()
+            self._renewers.clear()
+        if self._owns_client:
+            self._client.close()
