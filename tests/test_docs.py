@@ -112,6 +112,7 @@ INTERNAL = re.compile(
 """Names a reader cannot look up: the guarantee numbers of the design, the
 incident write-ups and the tracker the project was built from."""
 
+
 @pytest.mark.parametrize("doc", DOCS)
 def test_docs_name_nothing_a_user_cannot_look_up(doc: str) -> None:
     found = [
