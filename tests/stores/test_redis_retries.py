@@ -18,11 +18,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from cronwarden.errors import LeaseLost
 from cronwarden.events import Event, EventKind, Outcome
 from cronwarden.policy import Policy
 from cronwarden.stores import open_store
@@ -44,16 +45,22 @@ class ReplyDropper:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.armed: bytes | None = None
+        self.meanwhile: Callable[[], None] | None = None
+        """Run after the server answered the dropped command and before the
+        client's connection closes: what happens between a first try and
+        its retry."""
         self.dropped = 0
         self.accepted = 0
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, text: str) -> None:
-        """Lose the reply to the next command holding ``text``."""
+    def arm(self, text: str, meanwhile: Callable[[], None] | None = None) -> None:
+        """Lose the reply to the next command holding ``text`` (and run
+        ``meanwhile`` before the client can send it again)."""
         with self._lock:
             self.armed = text.encode()
+            self.meanwhile = meanwhile
 
     def _take(self, data: bytes) -> bool:
         with self._lock:
@@ -86,6 +93,8 @@ class ReplyDropper:
                     upstream.sendall(data)
                     if drop:
                         assert upstream.recv(65536), "the server answered nothing"  # it ran the command
+                        if self.meanwhile is not None:
+                            self.meanwhile()
                         self.dropped += 1
                         return
                 if upstream in readable:
@@ -117,6 +126,13 @@ def proxy(server: RedisServer) -> Iterator[ReplyDropper]:
         yield dropper
     finally:
         dropper.close()
+
+
+@pytest.fixture
+def direct(server: RedisServer) -> Iterator[Store]:
+    """The same ledger, not through the proxy: another process's calls."""
+    with open_store(f"redis://127.0.0.1:{server.port}/0?prefix=cw_retry:") as opened:
+        yield opened
 
 
 @pytest.fixture
@@ -235,7 +251,8 @@ def test_a_release_whose_reply_was_lost_is_reported_owned_and_recorded_once(
     finished = store.finish(lease, end())
 
     lost_once(proxy)
-    # Owned: this run released its lease. Recorded already: by the first try.
+    # Owned: this run released its lease. Recorded already: by the first try
+    # (as every store answers a finish sent again: the record was there).
     assert (finished.owned, finished.recorded) == (True, False)
     assert kinds(store, lease.run_id) == ["started", "succeeded"]
     run = store.run(lease.run_id)
@@ -288,3 +305,70 @@ def test_a_lock_whose_reply_was_lost_is_answered_not_granted_and_granted_to_nobo
     assert token is None
     assert store.lock("leader", "leader-b", LONG_TTL) is None
     assert store.unlock("leader", "leader-a")
+
+
+@pytest.mark.parametrize("policy", [Policy.SKIP, Policy.QUEUE])
+def test_a_refusal_whose_reply_was_lost_stays_a_refusal_when_the_holder_released_meanwhile(
+    store: Store, direct: Store, proxy: ReplyDropper, policy: Policy
+) -> None:
+    holder = granted(store.acquire(start())).lease
+    refused_start = start(policy=policy)
+    proxy.arm(refused_start.run_id, meanwhile=lambda: direct.finish(holder, end()))
+
+    refused = store.acquire(refused_start)
+
+    lost_once(proxy)
+    expected = Refusal.SKIPPED if policy is Policy.SKIP else Refusal.QUEUED
+    assert isinstance(refused, Refused) and refused.refusal is expected
+    assert refused.holder.run_id == holder.run_id and refused.holder.token == holder.token
+    # One decision, as recorded: the slot did no work, and nothing started.
+    assert kinds(store, refused_start.run_id) == [expected.value]
+    info = store.lease("nightly")
+    assert info is not None and info.owner is None
+    assert info.pending == (1 if policy is Policy.QUEUE else 0)
+
+
+def test_an_overlap_whose_reply_was_lost_keeps_its_side_lease_when_the_holder_released_meanwhile(
+    store: Store, direct: Store, proxy: ReplyDropper
+) -> None:
+    holder = granted(store.acquire(start())).lease
+    overlapping = start(policy=Policy.ALLOW)
+    proxy.arm(overlapping.run_id, meanwhile=lambda: direct.finish(holder, end()))
+
+    result = granted(store.acquire(overlapping))
+
+    lost_once(proxy)
+    assert result.overlapped is not None and result.overlapped.run_id == holder.run_id
+    assert result.lease.key == f"nightly+{overlapping.run_id}"
+    assert sorted(kinds(store, overlapping.run_id)) == ["overlap", "started"]
+    info = store.lease("nightly")
+    assert info is not None and info.owner is None  # not granted the job's own lease as well
+    assert store.finish(result.lease, end()).recorded
+
+
+def test_a_grant_whose_reply_was_lost_is_answered_as_granted_after_the_lease_moved_on(
+    store: Store, direct: Store, proxy: ReplyDropper
+) -> None:
+    first = start()._replace(ttl=0.5)
+    taker: list[Granted] = []
+
+    def expired_and_taken() -> None:
+        # Meanwhile the lease expires (by the server's clock) and another
+        # start takes it: the retry must answer the grant the first try made,
+        # not decide again (that would record a skip for a run that started).
+        give_up = time.monotonic() + 10
+        while (info := direct.lease("nightly")) is not None and (info.expires_in or 0) > 0:
+            assert time.monotonic() < give_up, "the lease never expired"
+            time.sleep(0.05)
+        taker.append(granted(direct.acquire(start())))
+
+    proxy.arm(first.run_id, meanwhile=expired_and_taken)
+
+    lease = granted(store.acquire(first)).lease
+
+    lost_once(proxy)
+    [took] = taker
+    assert took.abandoned == (first.run_id,) and took.lease.token == lease.token + 1
+    assert kinds(store, first.run_id) == ["started", "abandoned"]
+    with pytest.raises(LeaseLost):
+        store.renew(lease)

@@ -22,6 +22,34 @@ local live = pttl ~= -2
 -- is this run's by this start's `started` (its event id), so answer the grant.
 if live and owner == s.run_id and h[12] == s.eid then return {'G', h[2], ''} end
 
+-- This very call again after the lease changed since its first try (the
+-- holder released it, it expired): answer what the first try did, from the
+-- events it recorded under this call's event ids, never a second decision.
+local prior = redis.call('HGET', KEYS[6], 'r:' .. s.run_id)
+if prior then
+  local started, refused = nil, nil
+  for seq in string.gmatch(prior, '%d+') do
+    local rec = redis.call('HGET', KEYS[6], seq) or ''
+    local i = string.match(rec, '^{"i":("[^"]*")')
+    if i == jstr(s.eid) then started = rec elseif i == jstr(eid2) then refused = rec end
+  end
+  if refused then
+    -- Strings through cjson (exact), numbers as the record's own text (cjson
+    -- would round them to 14 digits).
+    local d = cjson.decode(refused).d
+    local function number(name) return string.match(refused, ',"' .. name .. '":([-%d.eE+]+)') end
+    local kind = string.match(refused, '"k":"([%w_]+)"')
+    local left = (live and owner == d.holder_run_id) and pttl or 0
+    return {kind == 'overlap' and 'O' or 'R', kind == 'overlap' and '1' or kind, d.holder_run_id,
+      d.holder_host, number('holder_pid'), number('holder_started_at'), number('holder_token'), left}
+  end
+  if started then
+    -- Granted by the first try; if the lease has moved on since, the run
+    -- learns it at its first renewal, as any holder would.
+    return {'G', string.match(started, ',"token":(%d+)'), ''}
+  end
+end
+
 if not live then
   local abandoned = ''
   -- An expired owner still in the open runs has no terminal record (G6).
@@ -47,9 +75,6 @@ if policy == 'replace' then
   return {'R', 'revoking', owner, hhost, hpid, hstarted, htoken, pttl}
 end
 
--- The run's events so far: a refusal (or overlap) of this very call, retried,
--- is answered again without a second record.
-local prior = redis.call('HGET', KEYS[6], 'r:' .. s.run_id)
 -- What a refusal or an overlap records of the holder and of this start (G7).
 local data = '{"holder_run_id":' .. jstr(owner) .. ',"holder_host":' .. jstr(hhost) .. ',"holder_pid":' .. hpid
   .. ',"holder_started_at":' .. hstarted .. ',"holder_age":'
@@ -60,25 +85,18 @@ if policy == 'allow' then
   -- The run holds this lease already (a second start of the same run id):
   -- refused as the SQL stores refuse a second run row, before any write.
   if owner == s.run_id then return redis.error_reply('run ' .. s.run_id .. ' has already started') end
-  if not prior then
-    local side = {}
-    for k, v in pairs(s) do side[k] = v end
-    side.key = a[15]
-    local ms = now_ms()
-    start_run(KEYS[9], KEYS[10], KEYS[3], KEYS[5], side, '1',
-      {'exp', string.format('%d', ms + tonumber(s.ttl_ms))}, true)
-    add_event(KEYS[5], eid2, 'overlap', s.job, s.run_id, s.at, s.athex, data .. '}', 'new')
-    flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
-  end
+  local side = {}
+  for k, v in pairs(s) do side[k] = v end
+  side.key = a[15]
+  local ms = now_ms()
+  start_run(KEYS[9], KEYS[10], KEYS[3], KEYS[5], side, '1',
+    {'exp', string.format('%d', ms + tonumber(s.ttl_ms))}, true)
+  add_event(KEYS[5], eid2, 'overlap', s.job, s.run_id, s.at, s.athex, data .. '}', 'new')
+  flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {'O', '1', owner, hhost, hpid, hstarted, htoken, pttl}
 end
 
 local kind = 'skipped'
-if prior then
-  -- The kind the first try recorded: the run's first event.
-  local first = redis.call('HGET', KEYS[6], string.sub(prior, 1, 12)) or ''
-  return {'R', string.match(first, '"k":"([%w_]+)"') or kind, owner, hhost, hpid, hstarted, htoken, pttl}
-end
 if policy == 'queue' then
   local pending = tonumber(h[4] or '0')
   if pending < tonumber(a[13]) then
