@@ -330,6 +330,39 @@ def test_pause_longer_than_the_ttl_ends_belief_before_the_server_side_expiry(ser
     admin.close()
 
 
+def test_a_callers_client_that_retries_timeouts_does_not_make_the_store_send_a_script_again(
+    server: RedisServer,
+) -> None:
+    """redis-py's default client retries a timed-out command with backoff
+    (ten times in redis-py 8): a script the slow server ran would be sent
+    again, and the call held for seconds. The store uses its own retries."""
+    from redis.backoff import ConstantBackoff
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+
+    from cronwarden.stores.redis import RedisStore
+
+    theirs = redis.Redis(port=server.port, socket_timeout=0.3, decode_responses=True,
+                         retry=Retry(ConstantBackoff(0.5), 10, (RedisTimeoutError,)))  # fmt: skip
+    store = RedisStore(theirs, prefix="cw_theirs:")
+    try:
+        granted(store.acquire(start("warm-up")))
+        server.pause()
+        try:
+            began = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                store.acquire(start())
+            took = time.monotonic() - began
+        finally:
+            server.resume()
+        # One try within the socket timeout, not ten tries half a second apart.
+        assert took < 2.0, f"the call took {took:.2f}s: the caller's retries were used"
+    finally:
+        store.close()
+    assert theirs.ping()  # the caller's client is the caller's, still open
+    theirs.close()
+
+
 def test_a_call_to_a_paused_server_fails_as_unavailable_within_the_socket_timeout(
     server: RedisServer,
 ) -> None:

@@ -34,13 +34,15 @@ server's clock steps back across the restart.
 Sending a script twice. redis-py sends a call again on a connection error
 (``client.py``), and a connection can break after the server ran the
 script, so every script is safe to run again with the same arguments:
-``acquire`` finds its own grant by the ``started`` event id it sent (kept in
-the lease hash as ``sid``) and its own refusal by the run's events, and
-answers as the first try did; ``finish`` finds the run record it wrote, or
-the run it handed over to; ``record`` remembers event ids; ``renew``,
-``renew_lock``, ``claim_slot`` and the outbox's are idempotent. ``lock`` and
-``unlock`` retried after their first try answer "not granted" and "not
-held": the lock is then left to expire by its ttl, never double-granted.
+``acquire`` finds what its first try recorded under this call's event ids
+(the ``started`` event, kept in the lease hash as ``sid`` too, or the
+refusal), whatever happened to the lease since, and answers as the first
+try did; ``finish`` finds the run record it wrote, or the run it handed over
+to; ``record`` remembers event ids; ``renew``, ``renew_lock``,
+``claim_slot`` and the outbox's are idempotent. A ``lock`` retried after its
+first try answers "not granted" (the lock it took expires by its ttl); an
+``unlock`` retried after its first try released answers "not held". Neither
+grants a lock twice.
 
 The ``clock`` given to the store is kept for the interface but never read for
 expiry: only the server's clock decides (G4).
@@ -75,7 +77,14 @@ from cronwarden.stores.base import (
     Store,
 )
 
-from .client import DEFAULT_EVENTS_PER_JOB, DEFAULT_PREFIX, DEFAULT_RUNS_PER_JOB, Settings, renewer
+from .client import (
+    DEFAULT_EVENTS_PER_JOB,
+    DEFAULT_PREFIX,
+    DEFAULT_RUNS_PER_JOB,
+    Settings,
+    own_client,
+    renewer,
+)
 from .records import event, expires_in, finished_run, ms, ordhex, ttl_ms, unordhex
 from .scripts import Limits, Scripts
 
@@ -109,8 +118,9 @@ class RedisStore(Store):
     """A store in one Redis database, every key under ``prefix``.
 
     ``client`` may be given (and is then not closed by ``close``); it must
-    decode responses (``decode_responses=True``). Its retry settings are used
-    as they are: every script is safe to send twice (module docstring).
+    decode responses (``decode_responses=True``). The store talks to its
+    server through a pool of its own with the store's retry settings
+    (``client.own_client``), whatever ``client``'s are.
     """
 
     def __init__(
@@ -126,8 +136,9 @@ class RedisStore(Store):
     ) -> None:
         if runs_per_job < 1 or events_per_job < 1:
             raise ValueError("runs_per_job and events_per_job must be at least 1")
-        self._client = client
-        self._owns_client = owns_client
+        # Ours from the URL, or the caller's server on a pool of our own:
+        # either way the store's retries, and ``close`` closes it.
+        self._client = client if owns_client else own_client(client)
         self._clock = clock  # kept for the interface; expiry is the server's (G4)
         kwargs = client.connection_pool.connection_kwargs
         host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
@@ -143,7 +154,7 @@ class RedisStore(Store):
         self._k_open, self._k_runs, self._k_ev, self._k_ev_run = p + "open", p + "runs", p + "ev", p + "ev:r"
         self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
         self._k_job_counts = p + "jobs:n"
-        self._scripts = Scripts(client, Limits.of(runs_per_job, events_per_job))
+        self._scripts = Scripts(self._client, Limits.of(runs_per_job, events_per_job))
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> RedisStore:
@@ -200,11 +211,12 @@ class RedisStore(Store):
 
     def _renewer(self, ttl: float) -> redis.Redis:
         """A client whose calls give up within the belief margin (the part
-        of the ttl the holder does not trust, ``lease.margin``). A renew sent
-        before the holder's deadline then returns, on a hung or paused server
-        too, no later than the lease can expire server-side, so the heartbeat
-        thread always gets control back in time to declare the lease lost
-        (G3). One client per timeout, kept until ``close``."""
+        of the ttl the holder does not trust, ``lease.margin``): on a hung or
+        paused server too, a renew returns within the margin (twice that on
+        a connection broken mid-call, which is tried once more), so the
+        heartbeat thread gets control back soon after its deadline. Safety
+        does not wait for it: the supervisor and ``Run.check`` read the
+        deadline themselves. One client per timeout, kept until ``close``."""
         timeout = round(max(0.01, min(margin(ttl), self._timeout)), 3)
         with self._renewers_lock:
             client = self._renewers.get(timeout)
@@ -594,5 +606,5 @@ class RedisStore(Store):
             for client in self._renewers.values():
                 client.connection_pool.disconnect()
             self._renewers.clear()
-        if self._owns_client:
-            self._client.close()
+        self._client.close()
+        self._client.connection_pool.disconnect()

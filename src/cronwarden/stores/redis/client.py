@@ -140,6 +140,19 @@ def retry(retries: int) -> Any:
     return Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.05), retries, (RedisConnectionError,))
 
 
+def own_client(client: redis.Redis) -> redis.Redis:
+    """A client like ``client`` (its server, credentials, timeouts, TLS) on a
+    pool of the store's own, with the store's retry. A caller's client keeps
+    its own settings, and redis-py's default retries timeouts too (ten times,
+    with backoff): that would send a script again seconds after a server that
+    was only slow ran it, and hold the caller for a minute."""
+    import redis
+
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "retry": retry(RETRIES)}
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+
 def renewer(client: redis.Redis, timeout: float) -> redis.Redis:
     """A client like ``client`` on a pool of its own, whose calls give up
     after ``timeout`` (connecting too), with one immediate retry on a broken
