@@ -21,6 +21,7 @@ _PUBLIC: dict[str, str] = {
     "Warden": "cronwarden.guard",
     "Guard": "cronwarden.guard",
     "Run": "cronwarden.guard",
+    "Ending": "cronwarden.guard",
     "Options": "cronwarden.guard",
     "Policy": "cronwarden.policy",
     # the ledger's records
@@ -31,6 +32,7 @@ _PUBLIC: dict[str, str] = {
     "RunRecord": "cronwarden.events",
     # stores and time
     "Store": "cronwarden.stores.base",
+    "Refused": "cronwarden.stores.base",
     "open_store": "cronwarden.stores",
     "Clock": "cronwarden.clock",
     "FakeClock": "cronwarden.clock",
@@ -48,6 +50,7 @@ _PUBLIC: dict[str, str] = {
 __all__ = [
     "Clock",
     "CronwardenError",
+    "Ending",
     "Event",
     "EventKind",
     "FakeClock",
@@ -59,6 +62,7 @@ __all__ = [
     "Options",
     "Outcome",
     "Policy",
+    "Refused",
     "Run",
     "RunRecord",
     "Store",
@@ -101,7 +105,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
         UsageError,
     )
     from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
-    from cronwarden.guard import Guard, Options, Run, Warden
+    from cronwarden.guard import Ending, Guard, Options, Run, Warden
     from cronwarden.policy import Policy
     from cronwarden.stores import open_store
-    from cronwarden.stores.base import Store
+    from cronwarden.stores.base import Refused, Store

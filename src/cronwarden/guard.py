@@ -11,6 +11,7 @@ child process in ``supervisor``) → ``Guard.end`` → ``Store.finish``
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -20,7 +21,7 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config.settings import DEFAULT_MAX_PENDING, DEFAULT_REPLACE_GRACE, DEFAULT_TTL, check_name
-from cronwarden.durations import format_duration
+from cronwarden.durations import MAX_DURATION, format_duration
 from cronwarden.errors import (
     LeaseLost,
     LeaseRevoked,
@@ -93,6 +94,12 @@ class Options:
         allow_unpartitioned: bool = False,
         slot: float | None = None,
     ) -> None:
+        if not isinstance(policy, str):
+            raise UsageError(f"policy must be one of {', '.join(p.value for p in Policy)}, got {policy!r}")
+        if shard is not None and not isinstance(shard, str):
+            raise UsageError(f"shard must be a name like 'eu', got {shard!r}")
+        if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int | float)):
+            raise UsageError(f"slot must be a time in epoch seconds, got {slot!r}")
         values = {
             "ttl": _seconds(ttl, "ttl"),
             "policy": policy if isinstance(policy, Policy) else Policy.parse(policy),
@@ -148,6 +155,10 @@ class Options:
     def _fields(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy, deepcopy and pickle rebuild through the validating constructor.
+        return (_options_from, (self._fields(),))
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Options are immutable; use options.replace({name}=...)")
 
@@ -161,13 +172,19 @@ class Options:
         return f"Options({', '.join(f'{k}={v!r}' for k, v in self._fields().items())})"
 
 
+def _options_from(fields: dict[str, Any]) -> Options:
+    return Options(**fields)
+
+
 def _seconds(value: float | str, what: str) -> float:
     if isinstance(value, str):
         from cronwarden.durations import parse_duration
 
         return parse_duration(value, what=what)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise UsageError(f"{what} must be seconds or a duration like 90s or 10m, got {value!r}")
+    if value > MAX_DURATION:
+        raise UsageError(f"{what} must be at most 100 years (36500d), got {value:g}s")
     return float(value)
 
 

@@ -133,9 +133,10 @@ def console() -> NoReturn:
     code = main()
     # The objects left at exit are garbage all at once: the interpreter's
     # final collections over them cost a cron tick ~16M instructions (8% of
-    # ``cronwarden run --job x -- true``, bench/run_instructions.py) and find
-    # nothing the teardown does not free anyway. Frozen objects are skipped
-    # by those collections; everything else about the exit is unchanged.
+    # ``cronwarden run --job x -- true``, bench/run_instructions.py). Frozen
+    # objects are skipped by those collections: exit hooks still run and the
+    # modules are still torn down, but an object kept alive only by a
+    # reference cycle is not finalized (nothing of cronwarden's relies on it).
     import gc
 
     gc.freeze()
