@@ -258,17 +258,26 @@ def test_webhook_redelivers_only_the_event_whose_ack_was_lost(store: SqliteStore
     assert {i for i, n in received.items() if n > 1} == {lost_ack}
 
 
-def test_webhook_signature_is_hmac_sha256_of_the_raw_body(
+def signed(secret: bytes, request: Request) -> str:
+    """The signature a receiver expects: HMAC-SHA256 of ``t.event_id.body``."""
+    t = request.headers["X-Cronwarden-Signature"].split(",")[0].removeprefix("t=")
+    message = f"{t}.{request.headers['X-Cronwarden-Event-Id']}.".encode() + request.body
+    return f"t={t},v1=" + hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def test_webhook_signature_is_hmac_sha256_of_the_time_the_event_id_and_the_raw_body(
     store: SqliteStore, warden: Warden, receiver: Receiver
 ) -> None:
     run_ok(warden)
+    before = int(time.time())
 
     flush_now(store, [webhook(receiver.port)])
 
     assert receiver.requests
     for request in receiver.requests:
-        expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
-        assert hmac.compare_digest(request.headers["X-Cronwarden-Signature"], expected)
+        assert hmac.compare_digest(request.headers["X-Cronwarden-Signature"], signed(SECRET.encode(), request))
+        t = int(request.headers["X-Cronwarden-Signature"].split(",")[0].removeprefix("t="))
+        assert before <= t <= time.time() + 1
         body = json.loads(request.body)
         assert body["event_id"] == request.headers["X-Cronwarden-Event-Id"]
         assert request.headers["Content-Type"] == "application/json"
@@ -282,8 +291,7 @@ def test_webhook_signature_does_not_verify_with_another_secret(
     flush_now(store, [webhook(receiver.port)])
 
     request = receiver.requests[0]
-    forged = "sha256=" + hmac.new(b"other", request.body, hashlib.sha256).hexdigest()
-    assert not hmac.compare_digest(request.headers["X-Cronwarden-Signature"], forged)
+    assert not hmac.compare_digest(request.headers["X-Cronwarden-Signature"], signed(b"other", request))
 
 
 def test_webhook_body_is_the_event_as_json(store: SqliteStore, warden: Warden, receiver: Receiver) -> None:
@@ -644,7 +652,8 @@ def test_an_unknown_sink_type_is_a_one_line_error() -> None:
         load_sinks({"sinks": {"ops": {"type": "slack", "url": "https://x"}}})
 
     assert (
-        str(info.value) == "[sinks.ops] type must be one of log, webhook, healthchecks, sentry, got 'slack'"
+        str(info.value)
+        == "[sinks.ops] type must be one of log, webhook, healthchecks, sentry, apprise, got 'slack'"
     )
 
 

@@ -48,6 +48,8 @@ expiry: only the server's clock decides (G4).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import threading
@@ -600,15 +602,14 @@ class RedisStore(Store):
     def rejected(self, sink: str, limit: int) -> list[Event]:
         deadk = self._rejected_keys(sink)[0]
         out: list[Event] = []
-        start, chunk = 0, max(limit, 64)
-        while len(out) < limit:
-            [seqs] = self._read(lambda pipe: pipe.zrange(deadk, start, start + chunk - 1))
-            if not seqs:
+        chunk = max(limit, 64)
+        for start in itertools.count(0, chunk):
+            [seqs] = self._read(functools.partial(_zrange, deadk, start, start + chunk - 1))
+            if not seqs or len(out) >= limit:
                 break
-            [raw] = self._read(lambda pipe: pipe.hmget(self._k_ev, seqs))
+            [raw] = self._read(functools.partial(_hmget, self._k_ev, seqs))
             # A record retention trimmed reads as None and is left out.
             out += [event(seq, rec) for seq, rec in zip(seqs, raw, strict=True) if rec is not None]
-            start += chunk
         return out[:limit]
 
     def forget_rejected(self, sink: str, event_ids: Sequence[str]) -> None:
@@ -643,3 +644,11 @@ class RedisStore(Store):
             self._renewers.clear()
         if self._owns_client:
             self._client.close()
+
+
+def _zrange(key: str, start: int, stop: int, pipe: Pipeline) -> None:
+    pipe.zrange(key, start, stop)
+
+
+def _hmget(key: str, fields: list[str], pipe: Pipeline) -> None:
+    pipe.hmget(key, fields)
