@@ -10,17 +10,14 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from tests.receivers import Receiver, Request, closed_port
 
 from cronwarden.cli import main as cli_main
 from cronwarden.clock import FakeClock
@@ -44,73 +41,11 @@ JOB = "reconcile"
 # -- real servers ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Request:
-    method: str
-    path: str
-    rid: str | None
-    headers: dict[str, str]
-    body: bytes
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1 in a thread that records every request.
-    ``status(request, n)`` (n: requests so far) picks each answer."""
-
-    def __init__(self, port: int = 0, status: Callable[[Request, int], int] | None = None) -> None:
-        self.requests: list[Request] = []
-        self._status = status or (lambda request, n: 200)
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                parts = urlsplit(self.path)
-                rid = parse_qs(parts.query).get("rid", [None])[0]
-                request = Request(self.command, parts.path, rid, dict(self.headers.items()), body)
-                with receiver._lock:
-                    receiver.requests.append(request)
-                    code = receiver._status(request, len(receiver.requests))
-                self.send_response(code)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"OK")
-
-            do_POST = do_GET = _handle
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05})
-        self._thread.daemon = True
-        self._thread.start()
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.stop()
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on: connecting is refused at once."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -275,8 +210,9 @@ def test_webhook_signature_is_hmac_sha256_of_the_time_the_event_id_and_the_raw_b
 
     assert receiver.requests
     for request in receiver.requests:
-        assert hmac.compare_digest(request.headers["X-Cronwarden-Signature"], signed(SECRET.encode(), request))
-        t = int(request.headers["X-Cronwarden-Signature"].split(",")[0].removeprefix("t="))
+        header = request.headers["X-Cronwarden-Signature"]
+        assert hmac.compare_digest(header, signed(SECRET.encode(), request))
+        t = int(header.split(",")[0].removeprefix("t="))
         assert before <= t <= time.time() + 1
         body = json.loads(request.body)
         assert body["event_id"] == request.headers["X-Cronwarden-Event-Id"]
