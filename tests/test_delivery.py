@@ -338,3 +338,37 @@ def test_sigterm_mid_flush_ends_the_command_within_a_second_with_no_sink_failed(
     assert EventKind.SINK_FAILED not in kinds
     left = [e.event_id for e in store.undelivered("hook", 100)]
     assert left and left == ids[len(ids) - len(left) :], "the undelivered events did not stay in the outbox"
+
+
+def test_under_monitor_a_slow_webhook_drains_at_the_receivers_pace(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """``cronwarden monitor`` delivers a backlog at the pace the receiver
+    answers (0.1 s an event), each event once, and stops on SIGTERM."""
+    ids = backlog(store, 30)
+    receiver = Receiver(delay=0.1)
+    path = config(tmp_path, store, hook_table(receiver))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cronwarden", "monitor", "--config", str(path), "--store", store.url,
+             "--interval", "1s", "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+        )  # fmt: skip
+        try:
+            wait_for(lambda: len(receiver.requests) >= 1)
+            first = time.monotonic()
+            wait_for(lambda: set(ids) <= set(received(receiver)))
+            took = time.monotonic() - first
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        receiver.stop()
+
+    assert proc.returncode == 0, err
+    counts = Counter(i for i in received(receiver) if i in ids)
+    assert max(counts.values()) == 1, "an acknowledged event was sent again"
+    assert took < 2 * 30 * 0.1, f"30 events at 0.1 s took {took:.1f}s"
