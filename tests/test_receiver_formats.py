@@ -285,13 +285,13 @@ def test_routes_send_each_sink_its_kinds_for_its_jobs_and_tags(
     sink = sink_of(table, doc)
     registered(store)
     sent = [
-        record(store, EventKind.SKIPPED, "billing-run", new_id()),   # route 1
-        record(store, EventKind.FAILED, "ledger-close", new_id()),   # route 2 (tag)
+        record(store, EventKind.SKIPPED, "billing-run", new_id()),  # route 1
+        record(store, EventKind.FAILED, "ledger-close", new_id()),  # route 2 (tag)
         record(store, EventKind.SLOW, "billing-run", None, state="raised"),  # route 2
     ]
     unsent = [
         record(store, EventKind.SUCCEEDED, "billing-run", new_id()),  # no route takes successes
-        record(store, EventKind.SKIPPED, "reports", new_id()),         # neither job nor tag
+        record(store, EventKind.SKIPPED, "reports", new_id()),  # neither job nor tag
         record(store, EventKind.FAILED, "reports", new_id()),
     ]
 

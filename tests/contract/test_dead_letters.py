@@ -178,4 +178,3 @@ def test_dead_letters_survive_a_later_acknowledgement_moving_the_mark(store: Sto
     assert ids(store.rejected(SINK, 100)) == [poison.event_id]
     assert store.undelivered(SINK, 100) == []
     assert len(ledger(store, kinds=[EventKind.SUCCEEDED])) == 3
-

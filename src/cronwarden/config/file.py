@@ -334,7 +334,9 @@ def _parse_value(key: str, raw: Any) -> Any:
         return tuple(raw)
     if key == "tags":
         if not isinstance(raw, list) or not raw:
-            raise UsageError(f'tags must be a non-empty list of names like ["payments", "nightly"], got {raw!r}')
+            raise UsageError(
+                f'tags must be a non-empty list of names like ["payments", "nightly"], got {raw!r}'
+            )
         for t in raw:
             if not isinstance(t, str) or not NAME.fullmatch(t):
                 raise UsageError(f"tags must be names of letters, digits, '_', '.', '@' or '-', got {t!r}")
