@@ -407,3 +407,20 @@ def test_an_apprise_url_apprise_cannot_use_is_a_config_problem() -> None:
     pytest.importorskip("apprise")
     with pytest.raises(SinkConfigError, match="is not a URL Apprise can use"):
         load_sinks({"sinks": {"chat": {"type": "apprise", "url": "nosuchservice://x"}}})
+
+
+def test_reading_the_config_at_a_runs_start_does_not_import_apprise() -> None:
+    """A run's config read checks an Apprise URL's shape only; Apprise
+    (a tenth of a second to import) is loaded to deliver, after the run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cronwarden.sinks import sink_problems\n"
+        "problems = sink_problems({'sinks': {'chat': {'type': 'apprise', 'url': 'json://localhost/x'},"
+        " 'bad': {'type': 'apprise', 'url': 'no url'}}})\n"
+        "print([p.key for p in problems], 'apprise' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[('sinks', 'bad', 'url')] False"

@@ -496,4 +496,7 @@ def flush_after_run(
     for r in results:
         if r.error is not None and not r.backing_off:
             print(f"cronwarden: sink {r.sink}: {r.error}; its events stay in the outbox", file=sys.stderr)
+        if r.rejected:
+            print(f"cronwarden: sink {r.sink} refused {r.rejected} event(s) for good ({r.rejection}); set "
+                  "aside: cronwarden flush --retry-rejected", file=sys.stderr)  # fmt: skip
     return sum(r.delivered for r in results)

@@ -91,7 +91,7 @@ def load_sinks(doc: Mapping[str, Any], environ: Mapping[str, str] | None = None)
     """The sinks configured in a parsed ``cronwarden.toml`` (the whole
     document; only its ``sinks`` table is read). Raises ``SinkConfigError``
     listing every problem."""
-    sinks, problems = _Reader(os.environ if environ is None else environ).read(doc)
+    sinks, problems = _Reader(os.environ if environ is None else environ, deep=True).read(doc)
     if problems:
         raise SinkConfigError(problems)
     return sinks
@@ -99,7 +99,9 @@ def load_sinks(doc: Mapping[str, Any], environ: Mapping[str, str] | None = None)
 
 def sink_problems(doc: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[SinkProblem]:
     """Every problem of the ``[sinks]`` part, for a config checker that
-    reports all problems of a file with their lines."""
+    reports all problems of a file with their lines. Cheap enough for the
+    start of every ``cronwarden run``: an Apprise URL's shape is checked here,
+    whether Apprise can use it when the sinks are loaded (``load_sinks``)."""
     return _Reader(os.environ if environ is None else environ).read(doc)[1]
 
 
@@ -126,8 +128,9 @@ def has_sinks(doc: Mapping[str, Any]) -> bool:
 
 
 class _Reader:
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str], *, deep: bool = False) -> None:
         self.environ = environ
+        self.deep = deep
         self.problems: list[SinkProblem] = []
         self.job_tags: dict[str, frozenset[str]] = {}
 
@@ -493,7 +496,7 @@ class _Reader:
         from cronwarden.sinks.notify import AppriseSink
 
         try:
-            return AppriseSink(name, options, url=url)
+            return AppriseSink(name, options, url=url, check=self.deep)
         except UsageError as e:
             self.problem((*at, "url_env" if "url_env" in table else "url"), f"{where} {e}")
             return None

@@ -22,6 +22,7 @@ is called in the outbox's own thread, bounded by Apprise's request timeouts
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,10 +57,29 @@ def _apprise() -> Any:
 
 class AppriseSink(SinkBase):
     """``url`` is one Apprise URL: a sink per service, so that one service
-    being down holds back only its own notifications."""
+    being down holds back only its own notifications.
 
-    def __init__(self, name: str, options: SinkOptions, *, url: str) -> None:
+    ``check``: ask Apprise now whether it can use the URL (importing Apprise
+    costs a tenth of a second: the config read at the start of every
+    ``cronwarden run`` only checks the URL's shape, and loading the sinks
+    to deliver asks Apprise)."""
+
+    def __init__(self, name: str, options: SinkOptions, *, url: str, check: bool = True) -> None:
         super().__init__(name, options)
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://\S+", url):
+            raise UsageError("url must be an Apprise URL like slack://TOKEN_A/TOKEN_B/TOKEN_C or "
+                             "json://HOST/PATH")  # fmt: skip
+        self._url = url
+        self._apprise: Any = None
+        self.service = url.partition("://")[0]
+        if check:
+            self._service()
+
+    def _service(self) -> Any:
+        """The Apprise object for the URL, made once; ``UsageError`` if Apprise
+        cannot use it."""
+        if self._apprise is not None:
+            return self._apprise
         apprise = _apprise()
         # Sequential and without Apprise's own service timeout: the call runs
         # in the outbox's thread (a daemon the outbox can leave behind),
@@ -69,22 +89,27 @@ class AppriseSink(SinkBase):
             asset = apprise.AppriseAsset(async_mode=False, service_timeout=0)
         except TypeError:  # an Apprise older than service_timeout runs sequential calls inline
             asset = apprise.AppriseAsset(async_mode=False)
-        self._apprise = apprise.Apprise(asset=asset)
-        if not self._apprise.add(url):
-            scheme = url.partition("://")[0] or url[:12]
-            raise UsageError(f"url is not a URL Apprise can use (scheme {scheme!r}); see Apprise's "
+        service = apprise.Apprise(asset=asset)
+        if not service.add(self._url):
+            raise UsageError(f"url is not a URL Apprise can use (scheme {self.service!r}); see Apprise's "
                              "services, e.g. slack://TOKEN_A/TOKEN_B/TOKEN_C, json://HOST/PATH")  # fmt: skip
-        self.service = str(next(iter(self._apprise)).service_name)
+        self.service = str(next(iter(service)).service_name)
+        self._apprise = service
+        return service
 
     def accepts(self, event: Event) -> bool:
         return True
 
     def deliver(self, events: Sequence[Event], *, timeout: float, call: Call) -> None:
+        try:
+            service = self._service()
+        except UsageError as e:
+            raise DeliveryError(f"apprise: {e}") from None
         apprise = _apprise()
         for i, event in enumerate(events):
             with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as captured:
-                ok = self._apprise.notify(body=describe(event), title=title(event),
-                                          notify_type=apprise.NotifyType(notify_type(event)))  # fmt: skip
+                ok = service.notify(body=describe(event), title=title(event),
+                                    notify_type=apprise.NotifyType(notify_type(event)))  # fmt: skip
             if not ok:
                 why = " ".join(str(captured.getvalue()).split())[:200] or "no reason given"
                 raise DeliveryError(f"apprise: {self.service} did not take the notification: {why}",
