@@ -372,3 +372,53 @@ def test_under_monitor_a_slow_webhook_drains_at_the_receivers_pace(
     counts = Counter(i for i in received(receiver) if i in ids)
     assert max(counts.values()) == 1, "an acknowledged event was sent again"
     assert took < 2 * 30 * 0.1, f"30 events at 0.1 s took {took:.1f}s"
+
+
+def test_a_long_run_of_events_a_sink_is_not_sent_is_passed_over_at_once(store: SqliteStore) -> None:
+    backlog(store, 250, job="other")
+    wanted = backlog_more(store, 1, job="mine")
+    receiver = Receiver()
+    try:
+        sink = one_sink(webhook_table(receiver.port, jobs=["mine"]))
+        began = time.monotonic()
+        [result] = flush_sinks(store, [sink], deadline=began + 10, clock=SYSTEM_CLOCK)
+        took = time.monotonic() - began
+    finally:
+        receiver.stop()
+
+    assert result.ok and (result.delivered, result.skipped) == (1, 250)
+    assert received(receiver) == wanted
+    assert took < 5, f"the flush waited for its deadline ({took:.1f}s)"
+
+
+def test_a_replay_the_receiver_still_refuses_sends_each_once_and_keeps_them(store: SqliteStore) -> None:
+    ids = backlog(store, 3)
+    receiver = Receiver(status=lambda q, n: 400)
+    try:
+        sink = one_sink(webhook_table(receiver.port, concurrency=1))
+        first = flush_one(store, sink)
+        sent = len(receiver.requests)
+        began = time.monotonic()
+        again = flush_one(store, sink, replay=True)
+        took = time.monotonic() - began
+        resent = [q.headers["X-Cronwarden-Event-Id"] for q in receiver.requests[sent:]]
+    finally:
+        receiver.stop()
+
+    # The three events, and the three sink_rejected records the sink is sent
+    # too (refused as well: set aside with no record of their own).
+    dead = [e.event_id for e in store.rejected("hook", 10)]
+    assert first.rejected == 6 and dead[:3] == ids and len(dead) == 6
+    assert again.rejected == 6 and again.delivered == 0
+    assert sorted(resent) == sorted(dead), "a dead letter was sent more than once in one replay"
+    assert len(store.events(EventQuery(kinds=[EventKind.SINK_REJECTED], limit=100))) == 3 + 3
+    assert took < 5
+
+
+def backlog_more(store: SqliteStore, n: int, job: str) -> list[str]:
+    ids = []
+    for _ in range(n):
+        event = Event(kind=EventKind.SUCCEEDED, job=job, run_id=new_id(), at=time.time())
+        store.record(event)
+        ids.append(event.event_id)
+    return ids

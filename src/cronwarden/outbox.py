@@ -193,6 +193,9 @@ class _Flow:
         self.inflight: dict[str, _Task] = {}
         self.known: set[str] = set()
         """Ids fetched and not yet finished (queued or in flight)."""
+        self.refused_again: set[str] = set()
+        """In a replay: dead letters refused again, which stay dead letters
+        and must not be read again in this flush."""
         self.exhausted = False
         self.done = False
         self.broken = False
@@ -236,7 +239,7 @@ class _Flow:
         """Read the next events into their lanes; acknowledge at once those
         the sink is not to be sent."""
         sink = self.sink
-        limit = len(self.known) + BATCH
+        limit = len(self.known) + len(self.refused_again) + BATCH
         if self.replay:
             events = self.store.rejected(sink.name, limit)
         else:
@@ -245,7 +248,7 @@ class _Flow:
         now = self.clock.wall()
         unsent = []
         for e in events:
-            if e.event_id in self.known:
+            if e.event_id in self.known or e.event_id in self.refused_again:
                 continue
             # A replay is asked for: the age of what was set aside does not count.
             if not (sink.accepts(e) and sink.options.wants(e, None if self.replay else now)):
@@ -331,6 +334,8 @@ class _Flow:
 
     def refused(self, event: Event, e: DeliveryError) -> None:
         self.known.discard(event.event_id)
+        if self.replay:
+            self.refused_again.add(event.event_id)
         error = _one_line(e)
         data = {"sink": self.sink.name, "event_id": event.event_id, "kind": event.kind.value,
                 "job": event.job, "status": e.status, "error": error}  # fmt: skip
@@ -413,18 +418,22 @@ class _Loop:
                     task.call.abandon()
 
     def dispatch(self, flow: _Flow) -> None:
+        """Fill the flow's free request slots, reading more events as needed.
+        Each turn sends a task or reads (which acknowledges what the sink is
+        not sent, or queues events, or finds the outbox exhausted), so the
+        loop ends."""
         while not flow.done:
             left = self.deadline - self.clock.monotonic()
             if left <= 0:
                 return
-            if flow.wants_more():
-                self.step(flow, flow.fetch)
-            if len(flow.inflight) >= flow.concurrency:
+            if len(flow.inflight) < flow.concurrency:
+                task = self.step(flow, flow.next_task)
+                if task is not None:
+                    self.start(flow, task, min(flow.sink.options.timeout, left))
+                    continue
+            if not flow.wants_more():
                 return
-            task = self.step(flow, flow.next_task)
-            if task is None:
-                return
-            self.start(flow, task, min(flow.sink.options.timeout, left))
+            self.step(flow, flow.fetch)
 
     def step(self, flow: _Flow, fn: Any) -> Any:
         """A flushing-thread step of ``flow``; a store failure stops it."""
