@@ -10,17 +10,14 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from tests.receivers import Receiver, Request, closed_port
 
 from cronwarden.cli import main as cli_main
 from cronwarden.clock import FakeClock
@@ -44,73 +41,11 @@ JOB = "reconcile"
 # -- real servers ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Request:
-    method: str
-    path: str
-    rid: str | None
-    headers: dict[str, str]
-    body: bytes
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1 in a thread that records every request.
-    ``status(request, n)`` (n: requests so far) picks each answer."""
-
-    def __init__(self, port: int = 0, status: Callable[[Request, int], int] | None = None) -> None:
-        self.requests: list[Request] = []
-        self._status = status or (lambda request, n: 200)
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                parts = urlsplit(self.path)
-                rid = parse_qs(parts.query).get("rid", [None])[0]
-                request = Request(self.command, parts.path, rid, dict(self.headers.items()), body)
-                with receiver._lock:
-                    receiver.requests.append(request)
-                    code = receiver._status(request, len(receiver.requests))
-                self.send_response(code)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"OK")
-
-            do_POST = do_GET = _handle
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05})
-        self._thread.daemon = True
-        self._thread.start()
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.stop()
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on: connecting is refused at once."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -258,17 +193,27 @@ def test_webhook_redelivers_only_the_event_whose_ack_was_lost(store: SqliteStore
     assert {i for i, n in received.items() if n > 1} == {lost_ack}
 
 
-def test_webhook_signature_is_hmac_sha256_of_the_raw_body(
+def signed(secret: bytes, request: Request) -> str:
+    """The signature a receiver expects: HMAC-SHA256 of ``t.event_id.body``."""
+    t = request.headers["X-Cronwarden-Signature"].split(",")[0].removeprefix("t=")
+    message = f"{t}.{request.headers['X-Cronwarden-Event-Id']}.".encode() + request.body
+    return f"t={t},v1=" + hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def test_webhook_signature_is_hmac_sha256_of_the_time_the_event_id_and_the_raw_body(
     store: SqliteStore, warden: Warden, receiver: Receiver
 ) -> None:
     run_ok(warden)
+    before = int(time.time())
 
     flush_now(store, [webhook(receiver.port)])
 
     assert receiver.requests
     for request in receiver.requests:
-        expected = "sha256=" + hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
-        assert hmac.compare_digest(request.headers["X-Cronwarden-Signature"], expected)
+        header = request.headers["X-Cronwarden-Signature"]
+        assert hmac.compare_digest(header, signed(SECRET.encode(), request))
+        t = int(header.split(",")[0].removeprefix("t="))
+        assert before <= t <= time.time() + 1
         body = json.loads(request.body)
         assert body["event_id"] == request.headers["X-Cronwarden-Event-Id"]
         assert request.headers["Content-Type"] == "application/json"
@@ -282,8 +227,7 @@ def test_webhook_signature_does_not_verify_with_another_secret(
     flush_now(store, [webhook(receiver.port)])
 
     request = receiver.requests[0]
-    forged = "sha256=" + hmac.new(b"other", request.body, hashlib.sha256).hexdigest()
-    assert not hmac.compare_digest(request.headers["X-Cronwarden-Signature"], forged)
+    assert not hmac.compare_digest(request.headers["X-Cronwarden-Signature"], signed(b"other", request))
 
 
 def test_webhook_body_is_the_event_as_json(store: SqliteStore, warden: Warden, receiver: Receiver) -> None:
@@ -644,7 +588,8 @@ def test_an_unknown_sink_type_is_a_one_line_error() -> None:
         load_sinks({"sinks": {"ops": {"type": "slack", "url": "https://x"}}})
 
     assert (
-        str(info.value) == "[sinks.ops] type must be one of log, webhook, healthchecks, sentry, got 'slack'"
+        str(info.value)
+        == "[sinks.ops] type must be one of log, webhook, healthchecks, sentry, apprise, got 'slack'"
     )
 
 

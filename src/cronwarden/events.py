@@ -80,7 +80,7 @@ class EventKind(enum.StrEnum):
     SINK_REJECTED = "sink_rejected"
     """A sink refused one event for good (an HTTP 4xx other than 408 and 429):
     it is set aside and the sink goes on with the rest (data: sink, event_id,
-    status, error)."""
+    status, error, and the refused event's kind and job)."""
 
 
 class Outcome(enum.StrEnum):

@@ -155,7 +155,7 @@ def test_a_version_4_schema_upgrades_in_place_and_claims_slots(schema: str) -> N
     assert row == (1,)
 
     with open_store(f"{SHARED}?schema={schema}") as store:
-        assert version_of(schema) == postgres_store.SCHEMA_VERSION == 5
+        assert version_of(schema) == postgres_store.SCHEMA_VERSION >= 5
         assert store.claim_slot("nightly", 1_700_000_040.0, "a", 60.0) == "a"
         assert store.claim_slot("nightly", 1_700_000_040.0, "b", 60.0) == "a"
         assert [r.run_id for r in store.open_runs()] == ["old-run"], "version 4's open run is kept"

@@ -66,6 +66,9 @@ def earlier(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    # The earlier store predates contract steps added since (the dead
+    # letters); it is only asked for what it had, so it may be instantiated.
+    module.RedisStore.__abstractmethods__ = frozenset()
     return module
 
 

@@ -83,6 +83,10 @@ def outbox_flusher(
             if r.error is not None and not r.backing_off:
                 print(f"cronwarden: sink {r.sink}: {r.error}; its events stay in the outbox",
                       file=sys.stderr, flush=True)  # fmt: skip
+            if r.rejected:
+                print(f"cronwarden: sink {r.sink} refused {r.rejected} event(s) for good ({r.rejection}); "
+                      "set aside: cronwarden flush --retry-rejected",
+                      file=sys.stderr, flush=True)  # fmt: skip
         return sum(int(r.delivered) for r in results)
 
     return flush
@@ -129,8 +133,11 @@ def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
-class _Stop(Exception):
-    """SIGTERM: the loop ends, the dashboard stops, the stores close."""
+class _Stop(BaseException):
+    """SIGTERM: the loop ends, the dashboard stops, the stores close. Not an
+    ``Exception`` (as SIGINT's ``KeyboardInterrupt`` is not): raised in the
+    middle of a flush, it must not be taken for a sink's failure; the outbox
+    abandons what is in flight and lets it by, recording nothing."""
 
 
 def main_monitor(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:

@@ -24,7 +24,8 @@ def configure_status(p: argparse.ArgumentParser) -> None:
 
     p.description = (
         "The runs open now on every host: job, run id, host, pid, age, lease expiry, fencing "
-        "token, pending starts. A run whose lease expired is recorded abandoned at the next start."
+        "token, pending starts. A run whose lease expired is recorded abandoned at the next start. "
+        "Then a line per sink that set events aside because its receiver refused them for good."
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--job", help="only this job")
@@ -45,6 +46,7 @@ def main_status(args: Any) -> int:
     try:
         runs = open_runs(store, args.job)
         now = time.time()
+        set_aside = [] if args.json else _set_aside(store)
     finally:
         store.close()
     if args.json:
@@ -52,6 +54,8 @@ def main_status(args: Any) -> int:
         return 0
     if not runs:
         print("no open runs")
+        for line in set_aside:
+            print(line)
         return 0
     rows = [
         [r.job, r.run_id, r.host, str(r.pid), when(r.started_at), format_duration(now - r.started_at),
@@ -65,7 +69,28 @@ def main_status(args: Any) -> int:
             rows,
         )
     )
+    for line in set_aside:
+        print(line)
     return 0
+
+
+def _set_aside(store: Any) -> list[str]:
+    """A line per sink that keeps events it refused for good, with the
+    latest refusal and how to send them again."""
+    from cronwarden.events import EventKind
+    from cronwarden.stores.base import EventQuery
+
+    lines = []
+    for sink, n in sorted(store.rejected_counts().items()):
+        latest = store.events(EventQuery(job=f"sink:{sink}", kinds=[EventKind.SINK_REJECTED], limit=1))
+        why = ""
+        if latest:
+            d = latest[0].data
+            what = f"{d.get('kind', '?')} of {d.get('job', '?')}"
+            why = f"; latest {when(latest[0].at)}: {what}: {d.get('error', '?')}"
+        lines.append(f"sink {sink}: {n} event{'s' if n != 1 else ''} set aside (refused for good){why}; "
+                     f"cronwarden flush --retry-rejected --sink {sink} sends them again")  # fmt: skip
+    return lines
 
 
 def main_history(args: Any) -> int:

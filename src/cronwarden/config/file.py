@@ -332,6 +332,15 @@ def _parse_value(key: str, raw: Any) -> Any:
         if dupes:
             raise UsageError(f"shards lists {', '.join(map(repr, dupes))} more than once")
         return tuple(raw)
+    if key == "tags":
+        if not isinstance(raw, list) or not raw:
+            raise UsageError(
+                f'tags must be a non-empty list of names like ["payments", "nightly"], got {raw!r}'
+            )
+        for t in raw:
+            if not isinstance(t, str) or not NAME.fullmatch(t):
+                raise UsageError(f"tags must be names of letters, digits, '_', '.', '@' or '-', got {t!r}")
+        return tuple(dict.fromkeys(raw))
     if key == "command":
         if not isinstance(raw, list) or not raw or not all(isinstance(a, str) for a in raw) or not raw[0]:
             raise UsageError("command must be a non-empty list of strings like "

@@ -54,6 +54,7 @@ JOB_KEYS = (
     "shards",
     "allow_unpartitioned",
     "command",
+    "tags",
 )
 DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone")
 """What ``[defaults]`` may set. Not ``policy``: a policy is chosen per job,
@@ -128,6 +129,8 @@ class JobSettings(NamedTuple):
     sources: Mapping[str, str] = EMPTY
     """Setting -> where its value came from (``PATH:LINE``, ``$ENV``, ``--flag``);
     settings absent here are built-in defaults."""
+    tags: tuple[str, ...] = ()
+    """Names sinks route by (``tags = [...]`` in a sink's route)."""
 
     def schedule_text(self) -> str | None:
         """The schedule as ``Schedule.parse`` reads it back (what the store keeps)."""

@@ -6,10 +6,11 @@
     flush_timeout = "2s"          # how long `cronwarden run` may spend flushing
 
     [sinks.ops-hook]
-    type = "webhook"              # log | webhook | healthchecks | sentry
+    type = "webhook"              # log | webhook | healthchecks | sentry | apprise
     url = "https://ops.example.com/cronwarden"
     secret_env = "CRONWARDEN_WEBHOOK_SECRET"
-    jobs = ["reconcile"]          # optional, every sink type
+    jobs = ["reconcile", "billing-*"]    # routing, every sink type (sinks.route)
+    kinds = ["failures", "findings"]
 
 Keys of ``[sinks]`` whose value is a table are sinks; ``flush_timeout`` is the
 only other key. Strict: an unknown key, a wrong type, a duration without a
@@ -30,22 +31,40 @@ from cronwarden.errors import UsageError
 
 if TYPE_CHECKING:
     from cronwarden.sinks.base import Sink, SinkOptions
+    from cronwarden.sinks.route import Route
 
-TYPES = ("log", "webhook", "healthchecks", "sentry")
-COMMON_KEYS = ("type", "jobs", "max_age", "timeout", "backfill")
+TYPES = ("log", "webhook", "healthchecks", "sentry", "apprise")
+ROUTE_KEYS = ("jobs", "tags", "kinds", "snoozed")
+COMMON_KEYS = ("type", *ROUTE_KEYS, "routes", "max_age", "timeout", "backfill", "concurrency")
 TYPE_KEYS: Mapping[str, tuple[str, ...]] = {
     "log": ("path",),
     "webhook": ("url", "secret", "secret_env", "headers"),
-    "healthchecks": ("ping_urls", "url"),
-    "sentry": ("dsn", "dsn_env", "environment", "monitors"),
+    "healthchecks": ("ping_urls", "url", "slugs", "create"),
+    "sentry": (
+        "dsn",
+        "dsn_env",
+        "environment",
+        "monitors",
+        "monitor_config",
+        "timezone",
+        "failure_issue_threshold",
+        "recovery_threshold",
+    ),
+    "apprise": ("url", "url_env"),
 }
 SETTINGS = ("flush_timeout",)
 DEFAULT_FLUSH_TIMEOUT = 2.0
 """Seconds ``cronwarden run`` may spend delivering after its run ended."""
+MAX_CONCURRENCY = 32
+LOGGING = frozenset({"log"})
+"""Sink types that keep a record rather than alert: their default route takes
+snoozed findings too."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 _JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+_GLOB = re.compile(r"[A-Za-z0-9_.@*?\[\]!-]{1,128}")
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SLUG = re.compile(r"[a-z0-9_-]{1,100}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +91,7 @@ def load_sinks(doc: Mapping[str, Any], environ: Mapping[str, str] | None = None)
     """The sinks configured in a parsed ``cronwarden.toml`` (the whole
     document; only its ``sinks`` table is read). Raises ``SinkConfigError``
     listing every problem."""
-    sinks, problems = _Reader(os.environ if environ is None else environ).read(doc)
+    sinks, problems = _Reader(os.environ if environ is None else environ, deep=True).read(doc)
     if problems:
         raise SinkConfigError(problems)
     return sinks
@@ -80,7 +99,9 @@ def load_sinks(doc: Mapping[str, Any], environ: Mapping[str, str] | None = None)
 
 def sink_problems(doc: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[SinkProblem]:
     """Every problem of the ``[sinks]`` part, for a config checker that
-    reports all problems of a file with their lines."""
+    reports all problems of a file with their lines. Cheap enough for the
+    start of every ``cronwarden run``: an Apprise URL's shape is checked here,
+    whether Apprise can use it when the sinks are loaded (``load_sinks``)."""
     return _Reader(os.environ if environ is None else environ).read(doc)[1]
 
 
@@ -107,14 +128,17 @@ def has_sinks(doc: Mapping[str, Any]) -> bool:
 
 
 class _Reader:
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str], *, deep: bool = False) -> None:
         self.environ = environ
+        self.deep = deep
         self.problems: list[SinkProblem] = []
+        self.job_tags: dict[str, frozenset[str]] = {}
 
     def problem(self, key: tuple[str, ...], message: str) -> None:
         self.problems.append(SinkProblem(key, message))
 
     def read(self, doc: Mapping[str, Any]) -> tuple[list[Sink], list[SinkProblem]]:
+        self.job_tags = job_tags(doc)
         table = doc.get("sinks", {})
         if not isinstance(table, Mapping):
             self.problem(("sinks",), f"sinks must be tables like [sinks.NAME], got {_kind(table)}")
@@ -222,27 +246,17 @@ class _Reader:
         for key in table:
             if key not in valid:
                 self.unknown(at, key, valid, f"in {where} (type {kind})")
-        options = self.options(at, where, table)
+        options = self.options(at, where, kind, table)
         build: Callable[[tuple[str, ...], str, str, Mapping[str, Any], SinkOptions], Sink | None]
         build = getattr(self, f"build_{kind}")
         sink = build(at, where, name, table, options)
         return sink if len(self.problems) == before else None
 
-    def options(self, at: tuple[str, ...], where: str, table: Mapping[str, Any]) -> SinkOptions:
+    def options(self, at: tuple[str, ...], where: str, kind: str, table: Mapping[str, Any]) -> SinkOptions:
         """The common options; problems are recorded and defaults stand in,
         so the type's own keys are still checked."""
-        from cronwarden.sinks.base import DEFAULT_TIMEOUT, SinkOptions
+        from cronwarden.sinks.base import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, SinkOptions
 
-        jobs: frozenset[str] | None = None
-        if "jobs" in table:
-            raw = table["jobs"]
-            if not isinstance(raw, list) or not raw or not all(isinstance(j, str) for j in raw):
-                self.problem((*at, "jobs"), f"{where} jobs must be a list of job names, got {raw!r}")
-            else:
-                bad = [j for j in raw if not _JOB.fullmatch(j)]
-                if bad:
-                    self.problem((*at, "jobs"), f"{where} jobs: {bad[0]!r} is not a job name")
-                jobs = frozenset(raw)
         values: dict[str, float | None] = {}
         for key in ("max_age", "timeout", "backfill"):
             if key in table:
@@ -253,12 +267,106 @@ class _Reader:
         if values.get("max_age") is not None and values["max_age"] == 0:
             self.problem((*at, "max_age"), f"{where} max_age must be greater than zero (omit it to keep all)")
         backfill = values.get("backfill")
+        concurrency = 1 if kind in ("log", "apprise") else DEFAULT_CONCURRENCY
+        if "concurrency" in table:
+            raw = table["concurrency"]
+            if kind == "log":
+                self.problem((*at, "concurrency"), f"{where} concurrency: a log sink writes one batch at a "
+                             "time, in ledger order; remove it")  # fmt: skip
+            elif isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_CONCURRENCY:
+                self.problem((*at, "concurrency"), f"{where} concurrency must be a whole number from 1 to "
+                             f"{MAX_CONCURRENCY} (requests in flight at once), got {raw!r}")  # fmt: skip
+            else:
+                concurrency = raw
+        jobs, routes = self.routes(at, where, kind, table)
         return SinkOptions(
             jobs=jobs,
             max_age=values.get("max_age"),
             timeout=timeout,
             backfill=3600.0 if backfill is None else backfill,
+            concurrency=concurrency,
+            routes=routes,
+            job_tags=self.job_tags,
         )
+
+    def routes(
+        self, at: tuple[str, ...], where: str, kind: str, table: Mapping[str, Any]
+    ) -> tuple[frozenset[str] | None, tuple[Route, ...]]:
+        """The sink-level ``jobs`` and the sink's routes: its ``routes``
+        tables, or the one its own routing keys make."""
+        inline = [k for k in ROUTE_KEYS if k in table]
+        if "routes" not in table:
+            route = self.route(at, where, kind, table)
+            return (None if route.jobs is None else frozenset(route.jobs)), (route,)
+        if inline:
+            self.problem((*at, inline[0]), f"{where} has routes, so {inline[0]} belongs in each "
+                         f"[[sinks.{at[1]}.routes]] table")  # fmt: skip
+        raw = table["routes"]
+        if not isinstance(raw, list) or not raw or not all(isinstance(r, Mapping) for r in raw):
+            self.problem((*at, "routes"), f"{where} routes must be [[sinks.{at[1]}.routes]] tables, "
+                         f"got {raw!r}")  # fmt: skip
+            return None, ()
+        out = []
+        for n, sub in enumerate(raw, 1):
+            for key in sub:
+                if key not in ROUTE_KEYS:
+                    self.unknown((*at, "routes"), key, ROUTE_KEYS, f"in {where} route {n}")
+            out.append(self.route((*at, "routes"), f"{where} route {n}", kind, sub))
+        return None, tuple(out)
+
+    def route(self, at: tuple[str, ...], where: str, kind: str, table: Mapping[str, Any]) -> Route:
+        from cronwarden.sinks.route import GROUPS, Route, kinds_named
+
+        jobs = tags = None
+        if "jobs" in table:
+            raw = self.names((*at, "jobs"), f"{where} jobs", "job names or globs like \"billing-*\"",
+                             table["jobs"])  # fmt: skip
+            bad = [j for j in raw if not (_JOB.fullmatch(j) or (_GLOB.fullmatch(j) and set("*?[") & set(j)))]
+            if bad:
+                self.problem((*at, "jobs"), f"{where} jobs: {bad[0]!r} is not a job name or glob")
+            jobs = tuple(raw) if raw else None
+        if "tags" in table:
+            raw = self.names((*at, "tags"), f"{where} tags", "tag names", table["tags"])
+            bad = [t for t in raw if not _JOB.fullmatch(t)]
+            if bad:
+                self.problem((*at, "tags"), f"{where} tags: {bad[0]!r} is not a tag name")
+            tags = frozenset(raw) if raw else None
+        kinds = GROUPS["alerts"] if kind == "apprise" else None
+        if "kinds" in table:
+            raw = self.names((*at, "kinds"), f"{where} kinds", "event kinds or groups like \"failures\"",
+                             table["kinds"])  # fmt: skip
+            try:
+                kinds = kinds_named(raw) if raw else kinds
+            except ValueError as e:
+                import difflib
+
+                valid = [*GROUPS, *sorted(k.value for k in GROUPS["all"])]
+                close = difflib.get_close_matches(str(e), valid, n=1, cutoff=0.6)
+                groups = ", ".join(GROUPS)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; expected a kind or a group: {groups}"
+                self.problem((*at, "kinds"), f"{where} kinds: unknown kind {str(e)!r}{hint}")
+        snoozed = kind in LOGGING
+        if "snoozed" in table:
+            snoozed = self.boolean((*at, "snoozed"), f"{where} snoozed", table["snoozed"])
+        return Route(jobs=jobs, tags=tags, kinds=kinds, snoozed=snoozed)
+
+    def names(self, at: tuple[str, ...], what: str, of: str, raw: Any) -> list[str]:
+        if not isinstance(raw, list) or not raw or not all(isinstance(j, str) for j in raw):
+            self.problem(at, f"{what} must be a non-empty list of {of}, got {raw!r}")
+            return []
+        return list(raw)
+
+    def boolean(self, at: tuple[str, ...], what: str, raw: Any) -> bool:
+        if not isinstance(raw, bool):
+            self.problem(at, f"{what} must be true or false, got {raw!r}")
+            return False
+        return raw
+
+    def count(self, at: tuple[str, ...], what: str, raw: Any) -> int | None:
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 720:
+            self.problem(at, f"{what} must be a whole number from 1 to 720, got {raw!r}")
+            return None
+        return raw
 
     def build_log(
         self, at: tuple[str, ...], where: str, name: str, table: Mapping[str, Any], options: SinkOptions
@@ -304,33 +412,107 @@ class _Reader:
             if template is not None and "{job}" not in template:
                 example = '"https://hc-ping.com/PING_KEY/{job}"'
                 self.problem((*at, "url"), f"{where} url must contain {{job}} (it is the template for "
-                             f"jobs not in ping_urls), e.g. {example}")  # fmt: skip
+                             f"jobs not in ping_urls, by slug), e.g. {example}")  # fmt: skip
         if "ping_urls" not in table and "url" not in table:
             self.problem(at, f"{where} needs ping_urls = {{ JOB = \"https://hc-ping.com/UUID\" }} or "
                          "url = \"https://hc-ping.com/PING_KEY/{job}\"")  # fmt: skip
+        slugs: dict[str, str] = {}
+        if "slugs" in table:
+            slugs = self.string_table((*at, "slugs"), f"{where} slugs", table["slugs"]) or {}
+            for job, slug in slugs.items():
+                if not _SLUG.fullmatch(slug):
+                    self.problem((*at, "slugs", job), f"{where} slugs.{job}: {slug!r} is not a Healthchecks "
+                                 "slug (1-100 of a-z, 0-9, '-', '_')")  # fmt: skip
+            taken: dict[str, str] = {}
+            for job, slug in slugs.items():
+                if slug in taken:
+                    self.problem((*at, "slugs", job), f"{where} slugs: {taken[slug]} and {job} both ping "
+                                 f"slug {slug!r}; each job needs a check of its own")  # fmt: skip
+                taken.setdefault(slug, job)
+            if "url" not in table:
+                self.problem((*at, "slugs"), f"{where} slugs need url = "
+                             "\"https://hc-ping.com/PING_KEY/{job}\" (a slug stands for {job})")  # fmt: skip
+        create = False
+        if "create" in table:
+            create = self.boolean((*at, "create"), f"{where} create", table["create"])
+            if create and "url" not in table:
+                self.problem((*at, "create"), f"{where} create applies to slug URLs: give url = "
+                             "\"https://hc-ping.com/PING_KEY/{job}\"")  # fmt: skip
         from cronwarden.sinks.healthchecks import HealthchecksSink
 
-        return HealthchecksSink(name, options, ping_urls=ping_urls, url_template=template)
+        return HealthchecksSink(name, options, ping_urls=ping_urls, url_template=template, slugs=slugs,
+                                create=create)  # fmt: skip
 
     def build_sentry(
         self, at: tuple[str, ...], where: str, name: str, table: Mapping[str, Any], options: SinkOptions
     ) -> Sink | None:
         dsn = self.secret(at, where, table, "dsn")
-        environment = None
+        environment = timezone = None
         if "environment" in table:
             environment = self.text((*at, "environment"), f"{where} environment", table["environment"])
+        if "timezone" in table:
+            timezone = self.text((*at, "timezone"), f"{where} timezone", table["timezone"])
+            if timezone is not None:
+                try:
+                    from zoneinfo import ZoneInfo
+
+                    ZoneInfo(timezone)
+                except Exception:
+                    self.problem((*at, "timezone"), f"{where} timezone must be an IANA name like "
+                                 f"Europe/Berlin, got {timezone!r}")  # fmt: skip
         monitors = None
         if "monitors" in table:
             monitors = self.string_table((*at, "monitors"), f"{where} monitors", table["monitors"])
+        upsert = False
+        if "monitor_config" in table:
+            upsert = self.boolean((*at, "monitor_config"), f"{where} monitor_config", table["monitor_config"])
+        thresholds: dict[str, int | None] = {}
+        for key in ("failure_issue_threshold", "recovery_threshold"):
+            if key in table:
+                thresholds[key] = self.count((*at, key), f"{where} {key}", table[key])
+                if not upsert:
+                    self.problem((*at, key), f"{where} {key} is part of the monitor configuration: "
+                                 "give monitor_config = true too")  # fmt: skip
+        if "timezone" in table and not upsert:
+            self.problem((*at, "timezone"), f"{where} timezone is part of the monitor configuration: "
+                         "give monitor_config = true too")  # fmt: skip
         if dsn is None:
             return None
         from cronwarden.sinks.sentry import SentrySink
 
         try:
-            return SentrySink(name, options, dsn=dsn, environment=environment, monitors=monitors)
+            return SentrySink(name, options, dsn=dsn, environment=environment, monitors=monitors,
+                              monitor_config=upsert, timezone=timezone, **thresholds)  # fmt: skip
         except UsageError as e:
             self.problem((*at, "dsn"), f"{where} {e}")
             return None
+
+    def build_apprise(
+        self, at: tuple[str, ...], where: str, name: str, table: Mapping[str, Any], options: SinkOptions
+    ) -> Sink | None:
+        url = self.secret(at, where, table, "url")
+        if url is None:
+            return None
+        from cronwarden.sinks.notify import AppriseSink
+
+        try:
+            return AppriseSink(name, options, url=url, check=self.deep)
+        except UsageError as e:
+            self.problem((*at, "url_env" if "url_env" in table else "url"), f"{where} {e}")
+            return None
+
+
+def job_tags(doc: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    """Each ``[jobs.NAME]``'s ``tags``, for routes by tag (the config file's
+    checker reports a malformed list; here it is only skipped)."""
+    jobs = doc.get("jobs")
+    out: dict[str, frozenset[str]] = {}
+    if isinstance(jobs, Mapping):
+        for name, table in jobs.items():
+            tags = table.get("tags") if isinstance(table, Mapping) else None
+            if isinstance(tags, list) and all(isinstance(t, str) for t in tags):
+                out[name] = frozenset(tags)
+    return out
 
 
 def _kind(value: Any) -> str:

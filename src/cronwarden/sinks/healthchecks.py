@@ -1,57 +1,71 @@
-"""Healthchecks.io (and compatible) ping URLs, one check per job.
+"""Healthchecks.io (and compatible) pings, one check per job, as its Pinging
+API documents them.
 
-The mapping (DESIGN §7), each ping carrying ``rid=<run_id>`` so Healthchecks
-pairs a start with its end and shows concurrent runs as such:
+A job's check is its ``ping_urls`` entry (a UUID URL), or the ``url``
+template (``https://hc-ping.com/PING_KEY/{job}``) with the job's slug: its
+``slugs`` entry, else its name mapped to a slug (lowercased, each character
+other than ``a-z0-9_-`` turned into ``-``; a name whose slug would be longer
+than Healthchecks' 100 characters is refused, and each of its events is set
+aside as rejected, saying so). ``create = true`` adds ``?create=1`` to slug
+pings, so Healthchecks creates a missing check on its first ping.
 
-=============================================  ==================
+=============================================  =====================================
 event                                          ping
-=============================================  ==================
+=============================================  =====================================
 started                                        ``/start?rid=``
-succeeded                                      ``?rid=`` (the check URL)
-failed, lease_lost, replaced, timed_out,       ``/fail?rid=``
-abandoned
+succeeded                                      ``/0?rid=`` (the check URL itself when
+                                               the run has no exit status: a
+                                               library run)
+failed                                         ``/<exit status>?rid=`` (1-255), else
+                                               ``/fail?rid=``
+lease_lost, replaced, timed_out, abandoned,    ``/fail?rid=``
+interrupted, stopped
 skipped, queued, queue_full, overlap           ``/log?rid=``
-monitor findings (slow, stuck, missed, …)      ``/log``
-=============================================  ==================
+monitor findings (slow, stuck, missed, …)      ``/log`` (``rid`` when about a run)
+=============================================  =====================================
 
-Every ping is a POST whose text body says what happened and why (a skip
-names the run holding the lease, its host, pid, age and the slot that did no
-work), so the Healthchecks event log reads on its own.
+``rid`` is the run id, which Healthchecks requires to be a UUID: a run id
+that is not one is sent as its uuid5 (``sinks.base.run_uuid``), the same for
+every ping of the run. Every ping is a POST whose text body says what
+happened and why, each fact once (``sinks.message.describe``), at most
+Healthchecks' default ping body limit (10,000 bytes).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from cronwarden import __version__
-from cronwarden.durations import format_duration
 from cronwarden.events import Event, EventKind
-from cronwarden.sinks.base import DeliveryError, SinkOptions, dumps, http_request, utc
+from cronwarden.sinks.base import Call, DeliveryError, SinkBase, SinkOptions, http_request, run_uuid
+from cronwarden.sinks.message import describe
+from cronwarden.sinks.route import ENDINGS_BAD, FINDINGS, REFUSALS
 
-FAILURES = frozenset(
-    {EventKind.FAILED, EventKind.LEASE_LOST, EventKind.REPLACED, EventKind.TIMED_OUT, EventKind.ABANDONED}
-)
-REFUSALS = frozenset({EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL, EventKind.OVERLAP})
-FINDINGS = frozenset(
-    {
-        EventKind.MISSED,
-        EventKind.SLOW,
-        EventKind.SKIPS_IN_A_ROW,
-        EventKind.STUCK,
-        EventKind.GRACE_TOO_WIDE,
-        EventKind.POLICY_UNDECIDED,
-    }
-)
+FAILURES = ENDINGS_BAD
+"""Endings that are pinged as failures."""
+SLUG = re.compile(r"[a-z0-9_-]{1,100}")
+"""A slug Healthchecks accepts: lowercase letters, digits, ``-``, ``_``, at most 100."""
+BODY_LIMIT = 10_000
+"""Bytes of a ping body Healthchecks keeps by default (``PING_BODY_LIMIT``)."""
 
 
-def endpoint(kind: EventKind) -> str | None:
-    """The path suffix a kind is pinged at, or None if it is not sent."""
+def slug_of(job: str) -> str | None:
+    """The slug a job name maps to, or None when it would be too long."""
+    slug = re.sub(r"[^a-z0-9_-]", "-", job.lower())
+    return slug if SLUG.fullmatch(slug) else None
+
+
+def endpoint(event: Event) -> str | None:
+    """The path suffix an event is pinged at, or None if it is not sent."""
+    kind, code = event.kind, event.data.get("exit_code")
     if kind is EventKind.STARTED:
         return "/start"
     if kind is EventKind.SUCCEEDED:
-        return ""
+        return "/0" if code == 0 else ""
+    if kind is EventKind.FAILED and isinstance(code, int) and 0 < code <= 255:
+        return f"/{code}"
     if kind in FAILURES:
         return "/fail"
     if kind in REFUSALS or kind in FINDINGS:
@@ -59,10 +73,10 @@ def endpoint(kind: EventKind) -> str | None:
     return None
 
 
-class HealthchecksSink:
+class HealthchecksSink(SinkBase):
     """``ping_urls`` maps job names to check URLs; ``url_template`` (with
-    ``{job}``, e.g. ``https://hc-ping.com/<ping-key>/{job}``) covers the
-    jobs not listed. Jobs with neither are not sent."""
+    ``{job}``) covers the jobs not listed, by slug. Jobs with neither are
+    not sent."""
 
     def __init__(
         self,
@@ -71,87 +85,53 @@ class HealthchecksSink:
         *,
         ping_urls: Mapping[str, str] | None = None,
         url_template: str | None = None,
+        slugs: Mapping[str, str] | None = None,
+        create: bool = False,
     ) -> None:
-        self._name = name
-        self._options = options
+        super().__init__(name, options)
         self.ping_urls = dict(ping_urls or {})
         self.url_template = url_template
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def options(self) -> SinkOptions:
-        return self._options
-
-    def check_url(self, job: str) -> str | None:
-        if job in self.ping_urls:
-            return self.ping_urls[job]
-        if self.url_template is not None and not job.startswith("sink:"):
-            return self.url_template.replace("{job}", job)
-        return None
+        self.slugs = dict(slugs or {})
+        self.create = create
 
     def accepts(self, event: Event) -> bool:
-        return endpoint(event.kind) is not None and self.check_url(event.job) is not None
+        if endpoint(event) is None:
+            return False
+        if event.job in self.ping_urls:
+            return True
+        return self.url_template is not None and not event.job.startswith("sink:")
+
+    def check_url(self, job: str) -> str:
+        """The job's check URL. Raises a permanent ``DeliveryError`` for a
+        job whose name maps to no slug."""
+        if job in self.ping_urls:
+            return self.ping_urls[job]
+        assert self.url_template is not None
+        slug = self.slugs.get(job) or slug_of(job)
+        if slug is None:
+            raise DeliveryError(f"job {job!r} maps to no Healthchecks slug (at most 100 of a-z0-9_-); "
+                                "give it one in slugs", permanent=True)  # fmt: skip
+        url = self.url_template.replace("{job}", slug)
+        return _with_query(url, "create=1") if self.create else url
 
     def ping_url(self, event: Event) -> str:
-        base, suffix = self.check_url(event.job), endpoint(event.kind)
-        assert base is not None and suffix is not None
-        parts = urlsplit(base)
-        query = parts.query
-        if event.run_id:
-            query = f"{query}&rid={event.run_id}" if query else f"rid={event.run_id}"
-        return urlunsplit(parts._replace(path=parts.path.rstrip("/") + suffix, query=query))
+        suffix = endpoint(event)
+        assert suffix is not None
+        parts = urlsplit(self.check_url(event.job))
+        url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + suffix))
+        return _with_query(url, f"rid={run_uuid(event.run_id)}") if event.run_id else url
 
-    def deliver(self, events: Sequence[Event], *, timeout: float) -> None:
+    def deliver(self, events: Sequence[Event], *, timeout: float, call: Call) -> None:
         headers = {"Content-Type": "text/plain; charset=utf-8", "User-Agent": f"cronwarden/{__version__}"}
         for i, event in enumerate(events):
+            body = describe(event).encode()[:BODY_LIMIT].decode(errors="ignore").encode()
             try:
-                http_request(self.ping_url(event), body=describe(event).encode(), headers=headers,
-                             timeout=timeout)  # fmt: skip
+                http_request(self.ping_url(event), body=body, headers=headers, timeout=timeout, call=call)
             except DeliveryError as e:
-                raise DeliveryError(f"{e} (job {event.job})", delivered=i) from None
+                raise DeliveryError(f"{e} (job {event.job})", delivered=i, status=e.status,
+                                    permanent=e.permanent) from None  # fmt: skip
 
 
-def describe(event: Event) -> str:
-    """One paragraph saying what happened and why, for a ping body."""
-    d: Mapping[str, Any] = event.data
-    kind, rid = event.kind, event.run_id or "-"
-    if kind is EventKind.STARTED:
-        slot = f", slot {utc(d['slot'])}" if d.get("slot") is not None else ""
-        return (f"started: run {rid} of {event.job} on host {d.get('host', '?')} (pid {d.get('pid', '?')}), "
-                f"fencing token {d.get('token', '?')}{slot}")  # fmt: skip
-    if kind is EventKind.SUCCEEDED or kind in FAILURES:
-        parts = [f"{kind.value}: run {rid} of {event.job}"]
-        if d.get("duration") is not None:
-            parts.append(f"after {format_duration(float(d['duration']))}")
-        if d.get("exit_code") is not None:
-            parts.append(f"exit status {d['exit_code']}")
-        if d.get("detail"):
-            parts.append(str(d["detail"]))
-        if d.get("found_by"):
-            parts.append(f"lease expired with no terminal record; found by run {d['found_by']}")
-        if d.get("replaced_by"):
-            parts.append(f"replaced by run {d['replaced_by']}")
-        return "; ".join(parts)
-    if kind in REFUSALS:
-        holder = (f"run {d.get('holder_run_id', '?')} (host {d.get('holder_host', '?')}, "
-                  f"pid {d.get('holder_pid', '?')}, token {d.get('holder_token', '?')})")  # fmt: skip
-        held = ""
-        if d.get("holder_age") is not None:
-            held = (f" has held the lease for {format_duration(float(d['holder_age']))}"
-                    f" (since {utc(d.get('holder_started_at'))})")  # fmt: skip
-        slot = utc(d["slot"]) if d.get("slot") is not None else "unscheduled"
-        who = f"run {rid} of {event.job} on host {d.get('host', '?')} (pid {d.get('pid', '?')})"
-        if kind is EventKind.OVERLAP:
-            return f"overlap: {who} started while {holder} was still open{held}; policy allow"
-        if kind is EventKind.QUEUED:
-            return f"queued: {who} is pending ({d.get('pending', '?')} pending) because {holder}{held}"
-        if kind is EventKind.QUEUE_FULL:
-            return (f"queue_full: {who} did no work for slot {slot}: {d.get('pending', '?')} start(s) "
-                    f"already pending and {holder}{held}")  # fmt: skip
-        return f"skipped: {who} did no work for slot {slot}: {holder}{held}"
-    state = f" {d['state']}" if d.get("state") else ""
-    rest = {k: v for k, v in d.items() if k != "state"}
-    return f"{kind.value}{state}: {event.job}" + (f" {dumps(rest)}" if rest else "")
+def _with_query(url: str, pair: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(query=f"{parts.query}&{pair}" if parts.query else pair))

@@ -7,32 +7,26 @@ import sys
 from collections.abc import Sequence
 
 from cronwarden.events import Event
-from cronwarden.sinks.base import DeliveryError, SinkOptions, dumps, event_json
+from cronwarden.sinks.base import Call, DeliveryError, SinkBase, SinkOptions, dumps, event_json
 
 
-class LogSink:
+class LogSink(SinkBase):
     """``path`` None writes to stderr. A file is opened for each batch in
     append mode and the batch is written with one ``write`` and fsynced
     before the outbox acknowledges it: lines from several processes do not
-    interleave, and an acknowledged event is on disk."""
+    interleave, and an acknowledged event is on disk. One batch, in ledger
+    order, at a time: the file reads as the ledger does."""
+
+    batch = 100
 
     def __init__(self, name: str, options: SinkOptions, path: str | None = None) -> None:
-        self._name = name
-        self._options = options
+        super().__init__(name, options)
         self.path = path
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def options(self) -> SinkOptions:
-        return self._options
 
     def accepts(self, event: Event) -> bool:
         return True
 
-    def deliver(self, events: Sequence[Event], *, timeout: float) -> None:
+    def deliver(self, events: Sequence[Event], *, timeout: float, call: Call) -> None:
         text = "".join(dumps(event_json(e)) + "\n" for e in events)
         if self.path is None:
             try:

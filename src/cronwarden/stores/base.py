@@ -171,6 +171,10 @@ class EventQuery(NamedTuple):
 
 NEW_SINK_BACKFILL = 3600.0
 """Seconds of history a newly registered sink is given (see ``undelivered``)."""
+DEAD_LETTERS_KEPT = 1000
+"""Dead letters a sink keeps at most (see ``Store.reject``): a receiver that
+rejects everything (a wrong URL path answering 404) sets aside its newest
+thousand events, not the ledger."""
 
 
 def side_lease_key(key: str, run_id: str) -> str:
@@ -399,6 +403,62 @@ class Store(abc.ABC):
         ledger are ignored. In the same step, moves the sink's mark over the
         acknowledged prefix and forgets the acknowledgements below it, so
         what is kept stays small.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    # -- dead letters -----------------------------------------------------------
+    # An event a sink refused for good (an HTTP 4xx other than 401, 403, 407,
+    # 408 and 429) is set aside, so the sink goes on with the rest: it leaves
+    # the sink's outbox and joins the sink's dead letters, until a replay
+    # (``cronwarden flush --retry-rejected``) delivers it. Dead letters are a
+    # sink's seqs of ledger events, as acknowledgements are: no copy.
+
+    @abc.abstractmethod
+    def reject(self, sink: str, event_id: str, rejection: Event | None) -> None:
+        """Set one event aside for the sink, in one step: acknowledge it (as
+        ``mark_delivered``), keep it among the sink's dead letters, and
+        record ``rejection`` (its ``sink_rejected`` event; None records
+        nothing) as ``record`` does, once per event id. A sink keeps at most
+        ``DEAD_LETTERS_KEPT`` dead letters: setting aside one more forgets the
+        oldest (its ``sink_rejected`` event stays in the ledger). Idempotent;
+        an ``event_id`` not in the ledger is ignored, and ``rejection`` is
+        recorded all the same.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    @abc.abstractmethod
+    def rejected(self, sink: str, limit: int) -> list[Event]:
+        """Up to ``limit`` of the sink's dead letters, oldest first (ascending
+        ``seq``, each with ``seq`` set), as the ledger holds them; a dead
+        letter whose event the ledger no longer holds is left out.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    @abc.abstractmethod
+    def forget_rejected(self, sink: str, event_ids: Sequence[str]) -> None:
+        """Take events out of the sink's dead letters (a replay delivered
+        them). Ids that are not among them are ignored. The events stay
+        acknowledged: ``undelivered`` does not return them either.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    @abc.abstractmethod
+    def rejected_counts(self) -> dict[str, int]:
+        """How many dead letters each sink keeps, for every sink that keeps
+        any (a dead letter whose event retention removed still counts until
+        it is forgotten or pushed out by newer ones).
 
         :raises StoreUnavailable: the store cannot be reached or is busy
             right now

@@ -34,3 +34,14 @@ FROM {s}.jobs ORDER BY name;
 -- One job by the primary key: every `cronwarden run` asks for its own.
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at
 FROM {s}.jobs WHERE name = %s;
+
+-- name: rejected --
+-- A sink's dead letters, oldest first, through the primary key (sink, seq).
+SELECT e.seq, e.event_id, e.kind, e.job, e.run_id, e.at, e.data
+FROM {s}.outbox_rejected r JOIN {s}.events e ON e.seq = r.seq
+WHERE r.sink = %s
+ORDER BY r.seq
+LIMIT %s;
+
+-- name: rejected_counts --
+SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;

@@ -234,3 +234,11 @@ class SqlStore(Store):
     def job(self, name: str) -> JobInfo | None:
         rows = self._fetch(self._shared["job"], (name,))
         return JobInfo._make(rows[0]) if rows else None
+
+    def rejected(self, sink: str, limit: int) -> list[Event]:
+        if limit < 1:
+            return []
+        return self._events_of(self._fetch(self._shared["rejected"], (sink, limit)))
+
+    def rejected_counts(self) -> dict[str, int]:
+        return {str(sink): int(n) for sink, n in self._fetch(self._shared["rejected_counts"], ())}

@@ -57,6 +57,7 @@ from cronwarden.errors import (
 from cronwarden.events import Event, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.stores.base import (
+    DEAD_LETTERS_KEPT,
     NEW_SINK_BACKFILL,
     End,
     Finished,
@@ -551,6 +552,18 @@ class PostgresStore(SqlStore):
             return
         args = (sink, ids, self._clock.wall(), NEW_SINK_BACKFILL)
         self._call(lambda c: c.execute(self._q["mark_delivered"], args))
+
+    def reject(self, sink: str, event_id: str, rejection: Event | None) -> None:
+        r = rejection
+        args = (sink, event_id, DEAD_LETTERS_KEPT, self._clock.wall(), NEW_SINK_BACKFILL,
+                r and r.event_id, r and r.kind.value, r and r.job, r and r.run_id, r and r.at,
+                None if r is None else _json(dict(r.data)))  # fmt: skip
+        self._call(lambda c: c.execute(self._q["reject"], args))
+
+    def forget_rejected(self, sink: str, event_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(event_ids))
+        if ids:
+            self._call(lambda c: c.execute(self._q["forget_rejected"], (sink, ids)))
 
     def close(self) -> None:
         with self._lock:

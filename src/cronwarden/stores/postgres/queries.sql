@@ -87,6 +87,14 @@ SELECT * FROM {s}.undelivered(%s::text, %s::integer, %s::float8, %s::float8);
 -- name: mark_delivered --
 SELECT {s}.mark_delivered(%s::text, %s::text[], %s::float8, %s::float8);
 
+-- name: reject --
+SELECT {s}.reject(%s::text, %s::text, %s::integer, %s::float8, %s::float8,
+                  %s::text, %s::text, %s::text, %s::text, %s::float8, %s::jsonb);
+
+-- name: forget_rejected --
+DELETE FROM {s}.outbox_rejected
+WHERE sink = %s AND seq IN (SELECT e.seq FROM {s}.events e WHERE e.event_id = ANY (%s::text[]));
+
 -- name: schema_version --
 SELECT value FROM {s}.meta WHERE key = 'schema_version';
 

@@ -94,6 +94,16 @@ CREATE TABLE {s}.outbox_acks (
     PRIMARY KEY (sink, seq)
 );
 
+-- Each sink's dead letters: the events it refused for good (reject), set
+-- aside until a replay delivers them (forget_rejected). At most
+-- DEAD_LETTERS_KEPT per sink: reject drops the oldest beyond it. Read and
+-- written by the primary key (sink, seq).
+CREATE TABLE {s}.outbox_rejected (
+    sink text NOT NULL,
+    seq  bigint NOT NULL,
+    PRIMARY KEY (sink, seq)
+);
+
 -- The bare lock (lock, renew_lock, unlock: the scheduler's leader lease): a
 -- fenced lease with no ledger, apart from job leases. A row is never
 -- deleted, so its token keeps counting. Read by the primary key.

@@ -50,6 +50,8 @@ expiry: only the server's clock decides (G4).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import threading
@@ -64,6 +66,7 @@ from cronwarden.events import Event, EventKind, JobInfo, RunRecord, new_id
 from cronwarden.lease import Lease, margin
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
+    DEAD_LETTERS_KEPT,
     NEW_SINK_BACKFILL,
     End,
     EventQuery,
@@ -317,9 +320,10 @@ class RedisStore(Store):
             nxt = Lease(key=then.key, job=then.job, run_id=then.run_id, token=int(reply[2]), ttl=then.ttl)
         return Finished(owned=reply[0] == 1, recorded=reply[1] == 1, next=nxt)
 
-    def record(self, event: Event) -> None:
+    def _record_fields(self, event: Event) -> list[str]:
+        """``record.lua``'s argument fields for ``event`` (``reject.lua`` reads the same)."""
         at = float(event.at)
-        fields = [
+        return [
             event.event_id,
             EventKind(event.kind).value,
             event.job,
@@ -329,6 +333,9 @@ class RedisStore(Store):
             json.dumps(dict(event.data), separators=(",", ":"), default=str),
             str(RECORDED_IDS_KEPT * 1000),
         ]
+
+    def record(self, event: Event) -> None:
+        fields = self._record_fields(event)
         keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs,
                 f"{self.prefix}eid:{event.event_id}"]  # fmt: skip
         self._call(self._scripts.record, keys, [_packed(fields)])
@@ -587,6 +594,47 @@ class RedisStore(Store):
             self._register(sink, NEW_SINK_BACKFILL)
             self._call(self._scripts.mark_delivered, keys, ids)
 
+    def _rejected_keys(self, sink: str) -> list[str]:
+        """The sink's dead letters (a zset of seqs, score = seq) and the set of
+        sinks that have any."""
+        return [f"{self.prefix}outbox:{sink}:rejected", f"{self.prefix}outbox:rejected"]
+
+    def reject(self, sink: str, event_id: str, rejection: Event | None) -> None:
+        keys = [*self._outbox_keys(sink), *self._rejected_keys(sink)]
+        packed = ""
+        if rejection is not None:
+            packed = _packed(self._record_fields(rejection))
+            keys += [self._index(rejection.job), self._k_ev_run, self._k_job_counts, self._k_runs,
+                     f"{self.prefix}eid:{rejection.event_id}"]  # fmt: skip
+        args = [sink, event_id, str(DEAD_LETTERS_KEPT), packed]
+        if self._call(self._scripts.reject, keys, args) is None:
+            self._register(sink, NEW_SINK_BACKFILL)
+            self._call(self._scripts.reject, keys, args)
+
+    def rejected(self, sink: str, limit: int) -> list[Event]:
+        deadk = self._rejected_keys(sink)[0]
+        out: list[Event] = []
+        chunk = max(limit, 64)
+        for start in itertools.count(0, chunk):
+            [seqs] = self._read(functools.partial(_zrange, deadk, start, start + chunk - 1))
+            if not seqs or len(out) >= limit:
+                break
+            [raw] = self._read(functools.partial(_hmget, self._k_ev, seqs))
+            # A record retention trimmed reads as None and is left out.
+            out += [event(seq, rec) for seq, rec in zip(seqs, raw, strict=True) if rec is not None]
+        return out[:limit]
+
+    def forget_rejected(self, sink: str, event_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(event_ids))
+        if ids:
+            self._call(self._scripts.forget_rejected, [self._k_ev, *self._rejected_keys(sink)], [sink, *ids])
+
+    def rejected_counts(self) -> dict[str, int]:
+        [sinks] = self._read(lambda pipe: pipe.smembers(f"{self.prefix}outbox:rejected"))
+        names = sorted(sinks)
+        counts = self._read(lambda pipe: [pipe.zcard(self._rejected_keys(name)[0]) for name in names])
+        return {name: int(n) for name, n in zip(names, counts, strict=True) if n}
+
     def _register(self, sink: str, backfill: float) -> None:
         """A new sink's mark: just before the first event, in seq order, whose
         ``at`` is within ``backfill`` of now (the counter if none). Reads the
@@ -608,3 +656,11 @@ class RedisStore(Store):
             self._renewers.clear()
         self._client.close()
         self._client.connection_pool.disconnect()
+
+
+def _zrange(key: str, start: int, stop: int, pipe: Pipeline) -> None:
+    pipe.zrange(key, start, stop)
+
+
+def _hmget(key: str, fields: list[str], pipe: Pipeline) -> None:
+    pipe.hmget(key, fields)

@@ -83,6 +83,8 @@ class Scripts:
         self.record = register("record")
         self.undelivered = register("undelivered")
         self.mark_delivered = register("mark_delivered")
+        self.reject = register("reject")
+        self.forget_rejected = register("forget_rejected")
         self.lock = register("lock")
         self.renew_lock = register("renew_lock")
         self.unlock = register("unlock")

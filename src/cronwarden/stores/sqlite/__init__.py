@@ -51,6 +51,7 @@ from cronwarden.events import Event, EventKind, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
+    DEAD_LETTERS_KEPT,
     NEW_SINK_BACKFILL,
     End,
     Finished,
@@ -545,24 +546,42 @@ class SqliteStore(SqlStore):
         return self._events_of(self._fetch(self._q["undelivered"], (sink, limit)))
 
     def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
-        q = self._q
         ids = list(dict.fromkeys(event_ids))
         if not ids:
             return
         with self._tx() as db:
-            mark = self._mark(db, sink)
-            if mark is None:
-                mark = self._register(db, sink, NEW_SINK_BACKFILL)
-            for i in range(0, len(ids), ACK_CHUNK):
-                chunk = ids[i : i + ACK_CHUNK]
-                db.execute(
-                    q["acknowledge"].replace("{ids}", ",".join("?" * len(chunk))), (sink, *chunk, mark)
-                )
-            gap = db.execute(q["first_unacknowledged"], (mark, sink)).fetchone()
-            new_mark = gap[0] - 1 if gap is not None else db.execute(q["newest_seq"]).fetchone()[0]
-            if new_mark > mark:
-                db.execute(q["move_mark"], (new_mark, sink))
-                db.execute(q["prune_acks"], (sink, new_mark))
+            self._acknowledge(db, sink, ids)
+
+    def _acknowledge(self, db: sqlite3.Connection, sink: str, ids: list[str]) -> None:
+        q = self._q
+        mark = self._mark(db, sink)
+        if mark is None:
+            mark = self._register(db, sink, NEW_SINK_BACKFILL)
+        for chunk in _chunks(ids):
+            db.execute(q["acknowledge"].replace("{ids}", ",".join("?" * len(chunk))), (sink, *chunk, mark))
+        gap = db.execute(q["first_unacknowledged"], (mark, sink)).fetchone()
+        new_mark = gap[0] - 1 if gap is not None else db.execute(q["newest_seq"]).fetchone()[0]
+        if new_mark > mark:
+            db.execute(q["move_mark"], (new_mark, sink))
+            db.execute(q["prune_acks"], (sink, new_mark))
+
+    def reject(self, sink: str, event_id: str, rejection: Event | None) -> None:
+        q = self._q
+        with self._tx() as db:
+            self._acknowledge(db, sink, [event_id])
+            db.execute(q["set_aside"].replace("{ids}", "?"), (sink, event_id))
+            db.execute(q["trim_rejected"], (sink, sink, DEAD_LETTERS_KEPT))
+            if rejection is not None:
+                self._insert_event(db, rejection)
+
+    def forget_rejected(self, sink: str, event_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(event_ids))
+        if not ids:
+            return
+        with self._tx() as db:
+            for chunk in _chunks(ids):
+                db.execute(self._q["forget_rejected"].replace("{ids}", ",".join("?" * len(chunk))),
+                           (sink, *chunk))  # fmt: skip
 
     def _mark(self, db: sqlite3.Connection, sink: str) -> int | None:
         row = db.execute(self._q["mark"], (sink,)).fetchone()
@@ -580,6 +599,12 @@ class SqliteStore(SqlStore):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    """``ids`` in pieces of at most ``ACK_CHUNK``, one ``IN (…)`` each."""
+    for i in range(0, len(ids), ACK_CHUNK):
+        yield ids[i : i + ACK_CHUNK]
 
 
 def path_of(url: str) -> str:

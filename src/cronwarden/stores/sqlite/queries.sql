@@ -162,6 +162,21 @@ DELETE FROM outbox_acks WHERE sink = ? AND seq <= ?;
 -- name: register_sink --
 INSERT INTO outbox_marks (sink, mark, registered_at) VALUES (?, ?, ?);
 
+-- name: set_aside --
+-- {ids} as in acknowledge.
+INSERT OR IGNORE INTO outbox_rejected (sink, seq)
+SELECT ?, seq FROM events WHERE event_id IN ({ids});
+
+-- name: trim_rejected --
+-- The sink's oldest dead letters beyond the most it keeps.
+DELETE FROM outbox_rejected
+WHERE sink = ? AND seq <= (SELECT seq FROM outbox_rejected WHERE sink = ? ORDER BY seq DESC LIMIT 1 OFFSET ?);
+
+-- name: forget_rejected --
+-- {ids} as in acknowledge.
+DELETE FROM outbox_rejected
+WHERE sink = ? AND seq IN (SELECT seq FROM events WHERE event_id IN ({ids}));
+
 -- name: foreign_tables --
 -- Another program's tables, in a file with no cronwarden schema version.
 SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'

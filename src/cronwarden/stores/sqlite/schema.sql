@@ -101,6 +101,16 @@ CREATE TABLE outbox_acks (
     PRIMARY KEY (sink, seq)
 ) WITHOUT ROWID;
 
+-- Each sink's dead letters: the events it refused for good (reject), set
+-- aside until a replay delivers them (forget_rejected). At most
+-- DEAD_LETTERS_KEPT per sink: reject drops the oldest beyond it. Every read
+-- and write goes by (sink, seq).
+CREATE TABLE outbox_rejected (
+    sink TEXT NOT NULL,
+    seq  INTEGER NOT NULL,
+    PRIMARY KEY (sink, seq)
+) WITHOUT ROWID;
+
 -- The bare lock (lock, renew_lock, unlock: the scheduler's leader lease). A
 -- row is never deleted, so its token keeps counting.
 CREATE TABLE locks (
