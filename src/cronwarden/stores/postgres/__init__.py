@@ -470,6 +470,22 @@ class PostgresStore(SqlStore):
             raise LeaseRevoked(lease.key, revoked_by)
         raise LeaseLost(lease.key, "expired or taken by another run")
 
+    def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
+        if not leases:
+            return []
+        bound = min(self._call_timeout, max(0.5, min(lease.ttl for lease in leases) / 10))
+        args = ([x.key for x in leases], [x.run_id for x in leases], [float(x.ttl) for x in leases])
+        rows = self._call(lambda c: c.execute(self._q["renew_many"], args).fetchall(), bound)
+        out: list[LeaseLost | None] = []
+        for lease, (renewed, owner, revoked_by) in zip(leases, rows, strict=True):
+            if renewed:
+                out.append(None)
+            elif owner == lease.run_id and revoked_by is not None:
+                out.append(LeaseRevoked(lease.key, revoked_by))
+            else:
+                out.append(LeaseLost(lease.key, "expired or taken by another run"))
+        return out
+
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
         args: tuple[Any, ...] = (
             lease.key,

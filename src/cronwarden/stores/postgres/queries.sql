@@ -25,6 +25,28 @@ SELECT * FROM {s}.finish(%s::text, %s::text, %s::text, %s::bigint, %s::text, %s:
 UPDATE {s}.leases SET expires = clock_timestamp() + make_interval(secs => %s::float8)
 WHERE key = %s AND owner = %s AND expires > clock_timestamp() AND revoked_by IS NULL;
 
+-- name: renew_many --
+-- One heartbeat's renewals: the arrays are the leases' keys, owners and ttls,
+-- in order. Each lease is renewed as by renew (found by its key: one index
+-- probe per lease, whatever the table holds); the answer has one row per
+-- lease, in order: renewed, or the row's owner and revocation as they stood
+-- (why it was refused). The outer SELECT reads the rows as the statement
+-- began, so a renewed lease reads as its owner's.
+WITH asked AS (
+    SELECT a.key, a.owner, a.ttl, a.i
+    FROM unnest(%s::text[], %s::text[], %s::float8[]) WITH ORDINALITY AS a(key, owner, ttl, i)
+), renewed AS (
+    UPDATE {s}.leases l SET expires = clock_timestamp() + make_interval(secs => a.ttl)
+    FROM asked a
+    WHERE l.key = a.key AND l.owner = a.owner AND l.expires > clock_timestamp() AND l.revoked_by IS NULL
+    RETURNING l.key, l.owner
+)
+SELECT r.key IS NOT NULL, l.owner, l.revoked_by
+FROM asked a
+LEFT JOIN renewed r ON r.key = a.key AND r.owner = a.owner
+LEFT JOIN {s}.leases l ON l.key = a.key
+ORDER BY a.i;
+
 -- name: lease_owner --
 -- Why a renewal matched nothing: revoked (LeaseRevoked) or lost (LeaseLost).
 SELECT owner, revoked_by FROM {s}.leases WHERE key = %s;

@@ -293,6 +293,26 @@ class RedisStore(Store):
             raise LeaseRevoked(lease.key, reply[1])
         raise LeaseLost(lease.key, "expired or taken by another run")
 
+    def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
+        if not leases:
+            return []
+        p = self.prefix
+        keys: list[str] = []
+        for lease in leases:
+            keys += (f"{p}lease:{lease.key}", f"{p}live:{lease.key}")
+        args = [x.run_id for x in leases] + [str(ttl_ms(x.ttl)) for x in leases]
+        client = self._renewer(min(x.ttl for x in leases))
+        reply = self._call(self._scripts.renew_many, keys, args, client)
+        out: list[LeaseLost | None] = []
+        for lease, r in zip(leases, reply, strict=True):
+            if r == 1:
+                out.append(None)
+            elif r == 0:
+                out.append(LeaseLost(lease.key, "expired or taken by another run"))
+            else:
+                out.append(LeaseRevoked(lease.key, r))
+        return out
+
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
         keys = self._ledger_keys(lease.key, lease.job)
         if then is not None:
