@@ -474,14 +474,18 @@ class PostgresStore(SqlStore):
         if not leases:
             return []
         bound = min(self._call_timeout, max(0.5, min(lease.ttl for lease in leases) / 10))
-        args = ([x.key for x in leases], [x.run_id for x in leases], [float(x.ttl) for x in leases])
+        args = {
+            "keys": [x.key for x in leases],
+            "owners": [x.run_id for x in leases],
+            "ttls": [float(x.ttl) for x in leases],
+        }
         rows = self._call(lambda c: c.execute(self._q["renew_many"], args).fetchall(), bound)
         out: list[LeaseLost | None] = []
-        for lease, (renewed, owner, revoked_by) in zip(leases, rows, strict=True):
-            if renewed:
+        for lease, (why,) in zip(leases, rows, strict=True):
+            if why is None:
                 out.append(None)
-            elif owner == lease.run_id and revoked_by is not None:
-                out.append(LeaseRevoked(lease.key, revoked_by))
+            elif why:
+                out.append(LeaseRevoked(lease.key, why))
             else:
                 out.append(LeaseLost(lease.key, "expired or taken by another run"))
         return out

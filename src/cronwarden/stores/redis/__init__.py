@@ -300,17 +300,18 @@ class RedisStore(Store):
         keys: list[str] = []
         for lease in leases:
             keys += (f"{p}lease:{lease.key}", f"{p}live:{lease.key}")
-        args = [x.run_id for x in leases] + [str(ttl_ms(x.ttl)) for x in leases]
+        args = _packed([x.run_id for x in leases] + [ttl_ms(x.ttl) for x in leases])
         client = self._renewer(min(x.ttl for x in leases))
-        reply = self._call(self._scripts.renew_many, keys, args, client)
+        reply = self._call(self._scripts.renew_many, keys, [args], client)
+        states, revokers = reply[0], iter(reply[1:])
         out: list[LeaseLost | None] = []
-        for lease, r in zip(leases, reply, strict=True):
-            if r == 1:
+        for lease, state in zip(leases, states, strict=True):
+            if state == "1":
                 out.append(None)
-            elif r == 0:
-                out.append(LeaseLost(lease.key, "expired or taken by another run"))
+            elif state == "r":
+                out.append(LeaseRevoked(lease.key, next(revokers)))
             else:
-                out.append(LeaseRevoked(lease.key, r))
+                out.append(LeaseLost(lease.key, "expired or taken by another run"))
         return out
 
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
