@@ -479,7 +479,10 @@ class PostgresStore(SqlStore):
             "owners": [x.run_id for x in leases],
             "ttls": [float(x.ttl) for x in leases],
         }
-        rows = self._call(lambda c: c.execute(self._q["renew_many"], args).fetchall(), bound)
+        # Never prepared: a generic plan cannot see the arrays' length and
+        # joins them the slow way (measured 25x slower for 1,000 leases).
+        sql = self._q["renew_many"]
+        rows = self._call(lambda c: c.execute(sql, args, prepare=False).fetchall(), bound)
         out: list[LeaseLost | None] = []
         for lease, (why,) in zip(leases, rows, strict=True):
             if why is None:
