@@ -23,6 +23,7 @@ from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config.settings import DEFAULT_MAX_PENDING, DEFAULT_REPLACE_GRACE, DEFAULT_TTL, check_name
 from cronwarden.durations import MAX_DURATION, format_duration
 from cronwarden.errors import (
+    Interrupted,
     LeaseLost,
     LeaseRevoked,
     NotStarted,
@@ -378,6 +379,11 @@ class Guard:
             return End(outcome=Outcome.TIMED_OUT, at=at, exit_code=exit_code, detail=str(why))
         if why is not None:
             return End(outcome=Outcome.LEASE_LOST, at=at, exit_code=exit_code, detail=str(why))
+        if isinstance(error, Interrupted):
+            return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=str(error)[:500])
+        if isinstance(error, KeyboardInterrupt):  # Ctrl-C in a with block or a decorated function
+            detail = "SIGINT (KeyboardInterrupt)"
+            return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=detail)
         if error is not None:
             detail = f"{type(error).__name__}: {error}"[:500]
             return End(outcome=Outcome.FAILED, at=at, exit_code=exit_code, detail=detail)

@@ -86,7 +86,7 @@ def test_sigterm_to_the_supervisor_reaches_the_child_and_is_recorded(store_url: 
     assert not alive(child)
     with open_store(store_url) as store:
         (record,) = store.runs("term")
-        assert record.outcome is Outcome.FAILED
+        assert record.outcome is Outcome.INTERRUPTED
         info = store.lease("term")
         assert info is not None and info.owner is None
 

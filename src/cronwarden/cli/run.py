@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cronwarden.cli.args import STORE_FLAG, add_flags, duration
 from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, JobSettings
 from cronwarden.durations import format_duration
-from cronwarden.errors import StoreUnavailable, UsageError
+from cronwarden.errors import Interrupted, StoreUnavailable, UsageError
 from cronwarden.events import JobInfo, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden
 from cronwarden.policy import Policy
@@ -127,7 +127,9 @@ EPILOG = """settings: flags > CRONWARDEN_* environment > the job's [jobs.NAME] t
 exit status: the command's own (128+N if killed by signal N; with policy queue, the first
   non-zero status of the runs it made);
   --skip-exit-code (default 0) when skipped or queued (the ledger records it either way);
-  2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
+  128+N when cronwarden itself got signal N (SIGTERM 143, SIGINT 130, SIGHUP 129): the command
+  was given the signal, SIGKILLed if still running after the kill grace, and the run recorded
+  interrupted; 2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
   75 store unreachable or locked (fail closed); 126 not executable; 127 command not found.
 
 environment given to COMMAND: CRONWARDEN_RUN_ID, CRONWARDEN_JOB, CRONWARDEN_FENCING_TOKEN,
@@ -301,7 +303,7 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
     while run is not None:
         if relay.signalled is not None:
             # Asked to stop before this run's command started: it never runs.
-            guard.end(run, InterruptedError(f"signal {relay.signalled} before the command started"))
+            guard.end(run, Interrupted(relay.signalled, "before the command started"))
             return 128 + int(relay.signalled)
         env = {
             **os.environ,
@@ -323,9 +325,12 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
         # A signal to cronwarden asks the run to stop: pending starts stay
         # pending for the next holder rather than starting now.
         again = options.policy is Policy.QUEUE and relay.signalled is None
-        ending = guard.end(run, exit_code=exited.code, stopped_by=exited.stopped_by, again=again)
+        ending = guard.end(run, exited.interrupted, exit_code=exited.code, stopped_by=exited.stopped_by,
+                           again=again)  # fmt: skip
         if ending.end.outcome in EXIT_BY_OUTCOME:
             return EXIT_BY_OUTCOME[ending.end.outcome]
+        if ending.end.outcome is Outcome.INTERRUPTED and exited.interrupted is not None:
+            return exited.interrupted.exit_code
         run = ending.next
     return code
 
