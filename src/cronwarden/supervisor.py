@@ -46,7 +46,7 @@ def _prctl() -> Callable[..., int]:
 
 
 def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, held: int,
-          prctl: Callable[..., int]) -> int:  # fmt: skip
+          prctl: Callable[..., int], marker: int | None) -> int:  # fmt: skip
     """The keeper: a fork of the supervisor (no exec) that starts the command
     in a new process group and answers for the whole group.
 
@@ -61,8 +61,10 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
 
     ``held`` is the write end of the supervisor's exit pipe: kept open, never
     written, it closes when the keeper exits (``_exit_descriptor``).
+    ``marker`` is the run's marker (``local``): the keeper and the command's
+    processes hold it, so it stays locked while any of them lives.
     """
-    _close_fds(keep=(report, held))
+    _close_fds(keep=(report, held) if marker is None else (report, held, marker))
     # A group of its own: a kill of the supervisor's whole group (timeout -k,
     # kill -9 -PGID) must leave the keeper alive to take the command down.
     os.setpgid(0, 0)
@@ -95,6 +97,8 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
             # signals; the command expects defaults.
             for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU, PARENT_DIED, *FORWARDED):
                 signal.signal(s, signal.SIG_DFL)
+            if marker is not None:
+                os.set_inheritable(marker, True)
             os.execvpe(argv[0], list(argv), dict(env))
         except OSError as e:
             os.write(report, f"E{e.errno}\n".encode())
@@ -265,9 +269,10 @@ class Child:
     """The command's keeper (waited on through ``fileno()``, readable when it
     exits) and the command's process group (signalled)."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], marker: int | None = None) -> None:
         """Start ``argv`` (never through a shell) under a keeper that dies
-        with us and takes the command's group with it."""
+        with us and takes the command's group with it. ``marker``, the
+        run's marker descriptor, is passed to the keeper and the command."""
         prctl = _prctl()  # load libc before forking, not in the child
         report_r, report_w = os.pipe()
         # Made before the fork, whether or not pidfd_open works: only the
@@ -278,7 +283,7 @@ class Child:
         if pid == 0:  # pragma: no cover - runs in the child
             code = 127
             try:
-                code = _keep(argv, env, parent, report_w, exit_w, prctl)
+                code = _keep(argv, env, parent, report_w, exit_w, prctl, marker)
             finally:
                 os._exit(code)
         os.close(report_w)
@@ -460,7 +465,8 @@ class Supervisor:
         hb.on_renewed = self._wake
         self.relay.wake = self._wake
         try:
-            self.child = Child(self.argv, self.env)
+            marker = self.run.marker
+            self.child = Child(self.argv, self.env, None if marker is None else marker.fd)
             self.relay.child = self.child
             if self.relay.signalled is not None:  # arrived while the command was starting
                 self.child.signal(self.relay.signalled)
