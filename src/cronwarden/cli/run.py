@@ -138,9 +138,12 @@ environment given to COMMAND: CRONWARDEN_RUN_ID, CRONWARDEN_JOB, CRONWARDEN_FENC
 processes: COMMAND runs in a process group of its own and dies with cronwarden (kill -9
   included). When it exits, what it left running, in its group or out of it (setsid, a
   daemon), is killed before the run's end is recorded: no work outlives its lease.
+  After kill -9 of cronwarden, the next start on this host finds none of the run's processes
+  left (a marker file they hold locked, in $CRONWARDEN_RUNTIME_DIR, else $XDG_RUNTIME_DIR or
+  /dev/shm), records the run abandoned and runs at once; a start on another host waits out the ttl.
 
-example (crontab):
-  */10 * * * *  cronwarden run --job reconcile --every 10m --ttl 2m -- /opt/bin/reconcile --full"""
+example (crontab; cron's PATH is /usr/bin:/bin, so give cronwarden's absolute path):
+  */10 * * * *  /usr/local/bin/cronwarden run --job reconcile --every 10m --ttl 2m -- /opt/bin/reconcile"""
 
 
 def _exit_code(text: str) -> int:
