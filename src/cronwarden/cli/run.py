@@ -65,7 +65,7 @@ def _flags(args: Any) -> dict[str, Any]:
     if reason is not None and (not reason.strip() or "\n" in reason.strip()):
         raise UsageError(f"--reason must be one sentence on one line saying why this policy, got {reason!r}")
     return {
-        "ttl": args.ttl, "every": every, "schedule": args.schedule, "timezone": args.tz,
+        "ttl": args.ttl, "every": every, "schedule": args.schedule, "timezone": args.timezone,
         "policy": None if args.policy is None else Policy(args.policy),
         "reason": None if reason is None else reason.strip(), "grace": args.grace,
         "max_runtime": args.max_runtime, "max_pending": args.max_pending,
@@ -172,7 +172,10 @@ FLAGS: dict[str, dict[str, Any]] = {
                 "help": "the job's period, e.g. 10m (slots, monitor)"},
     "--schedule": {"group": "when", "metavar": "CRON",
                    "help": "the job's cron expression, e.g. '*/10 * * * *'"},
-    "--tz": {"metavar": "ZONE", "help": "time zone of --schedule (default: local)"},
+    "--timezone": {"group": "zone", "dest": "timezone", "metavar": "ZONE",
+                   "help": "IANA time zone of --schedule, e.g. Europe/Berlin (default: local); the config "
+                   "key is timezone"},
+    "--tz": {"group": "zone", "dest": "timezone", "metavar": "ZONE", "help": "the same as --timezone"},
     "--policy": {"choices": [x.value for x in Policy],
                  "help": "what a start does while another run holds the lease (default skip)"},
     "--reason": {"metavar": "SENTENCE",
@@ -239,8 +242,8 @@ def main(args: Any) -> int:
     config_path = find(args.config)
     config = load(config_path, job=args.job)
     settings = resolve(args.job, config, _flags(args))
-    if args.tz and settings.schedule is None:
-        raise UsageError("--tz applies to a cron schedule; give --schedule 'CRON' too")
+    if args.timezone and settings.schedule is None:
+        raise UsageError("--timezone applies to a cron schedule; give --schedule 'CRON' too")
     _check_partition(settings, args.shard, config_path)
     schedule = _schedule(settings)
     now = SYSTEM_CLOCK.wall()
@@ -257,9 +260,16 @@ def main(args: Any) -> int:
     # From before the lease is taken until its end is recorded, a SIGTERM,
     # SIGINT or SIGHUP is passed to the command, never allowed to kill
     # cronwarden between ledger writes.
+    url = store_url(args, config.store)
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (args.store or os.environ.get("CRONWARDEN_STORE")
+                                                          or config.store):  # fmt: skip
+        print(f"cronwarden: warning: the default SQLite store {url.removeprefix('sqlite:///')} is in this "
+              "pod's filesystem: it goes with the pod, so other pods see neither its leases nor its "
+              "ledger; set CRONWARDEN_STORE to a shared PostgreSQL or Redis store",
+              file=sys.stderr)  # fmt: skip
     with SignalRelay() as relay:
         try:
-            warden = Warden(store_url(args, config.store), quiet=args.quiet)
+            warden = Warden(url, quiet=args.quiet)
             guard = Guard(warden, args.job, options)
             if info is not None:
                 _sync_job(warden.store, info)
