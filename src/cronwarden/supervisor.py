@@ -525,6 +525,9 @@ class Supervisor:
             if poller.poll(timeout * 1000) and _readable(self._wake_r):
                 os.read(self._wake_r, 64)  # drained: the loop re-reads the heartbeat and the relay
         code = exit_status(child.poll() or 0)
+        # The handler passes the signal on at once: the command may have died
+        # of it before this loop looked at the relay again.
+        signalled = signalled or self.relay.signalled
         if signalled is None:
             return Exit(code)
         if killed:
