@@ -55,8 +55,13 @@ JOB_KEYS = (
     "allow_unpartitioned",
     "command",
     "tags",
+    "failure_threshold",
+    "recovery_threshold",
+    "maintenance",
 )
-DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone")
+MONITOR_KEYS = ("failure_threshold", "recovery_threshold", "maintenance")
+"""Settings only the monitor reads (``check``, ``monitor``, ``audit``)."""
+DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone", *MONITOR_KEYS)
 """What ``[defaults]`` may set. Not ``policy``: a policy is chosen per job,
 with its own reason, or it is the default (skip)."""
 TOP_KEYS = ("store", "defaults", "jobs", "sinks")
@@ -131,6 +136,13 @@ class JobSettings(NamedTuple):
     settings absent here are built-in defaults."""
     tags: tuple[str, ...] = ()
     """Names sinks route by (``tags = [...]`` in a sink's route)."""
+    failure_threshold: int = 1
+    """``failing`` is raised after this many bad endings in a row ..."""
+    recovery_threshold: int = 1
+    """... and resolved after this many successes in a row."""
+    maintenance: tuple[Any, ...] = ()
+    """Recurring windows (``cronwarden.config.windows.Window``) in which the
+    job's findings are recorded but not delivered to alerting sinks."""
 
     def schedule_text(self) -> str | None:
         """The schedule as ``Schedule.parse`` reads it back (what the store keeps)."""
