@@ -46,7 +46,6 @@ def redis_prefix(backend_probe: BackendProbe) -> Iterator[str]:
     prefix = f"cw_fence_{uuid.uuid4().hex[:12]}:"
     yield prefix
     _delete_redis_prefix(prefix)
-    _delete_redis_prefix(f"cronwarden_fence:{prefix}")
 
 
 @pytest.fixture

@@ -160,4 +160,4 @@ def test_redis_writers_serialise(rds: Any, redis_prefix: str) -> None:
     tokens = _serialised(accepted)  # ordered by INCRBY's reply: the order Redis ran them in
     assert int(rds.get(key)) == len(accepted)
     assert sorted(v for _, v in accepted) == list(range(1, len(accepted) + 1))
-    assert int(rds.get(f"cronwarden_fence:{key}")) == max(tokens)
+    assert int(rds.get(f"{key}:cronwarden_fence")) == max(tokens)

@@ -246,7 +246,7 @@ def test_redis_incrby_stale_raises_and_leaves_the_key_unchanged(rds: Any, redis_
     assert caught.value.current == 7
     assert rds.get(key) == b"11"
     assert fenced_incrby(rds, key, 1, 8) == 12
-    assert rds.get(f"cronwarden_fence:{key}") == b"8"
+    assert rds.get(f"{key}:cronwarden_fence") == b"8"
 
 
 @pytest.mark.redis

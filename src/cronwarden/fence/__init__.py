@@ -155,6 +155,13 @@ def _kind(conn: Any) -> str | None:
     return None
 
 
+def _target(key: str, resource: str | None) -> tuple[str, str]:
+    """(resource, key) for a Redis write: the key is its own resource unless
+    one is named."""
+    check_resource(key)
+    return check_resource(resource if resource is not None else key), key
+
+
 def fenced_set(
     client: Any, key: str, value: str | bytes | int | float, token: int | str, *,
     resource: str | None = None, px: int | None = None,
@@ -166,7 +173,8 @@ def fenced_set(
     """
     from cronwarden.fence import redis
 
-    redis.call(client, "fenced_set", resource or key, key, token, [value, "" if px is None else int(px)])
+    redis.call(client, "fenced_set", *_target(key, resource), check_token(token),
+               [value, "" if px is None else int(px)])  # fmt: skip
 
 
 def fenced_incrby(
@@ -180,7 +188,9 @@ def fenced_incrby(
     """
     from cronwarden.fence import redis
 
-    return int(redis.call(client, "fenced_incrby", resource or key, key, token, [int(amount)]))
+    return int(
+        redis.call(client, "fenced_incrby", *_target(key, resource), check_token(token), [int(amount)])
+    )
 
 
 def fenced_hset(
@@ -198,7 +208,7 @@ def fenced_hset(
     if not mapping:
         raise UsageError("fenced_hset() needs at least one field")
     args = [x for pair in mapping.items() for x in pair]
-    return int(redis.call(client, "fenced_hset", resource or key, key, token, args))
+    return int(redis.call(client, "fenced_hset", *_target(key, resource), check_token(token), args))
 
 
 def fenced_delete(client: Any, key: str, token: int | str, *, resource: str | None = None) -> int:
@@ -210,4 +220,4 @@ def fenced_delete(client: Any, key: str, token: int | str, *, resource: str | No
     """
     from cronwarden.fence import redis
 
-    return int(redis.call(client, "fenced_delete", resource or key, key, token, []))
+    return int(redis.call(client, "fenced_delete", *_target(key, resource), check_token(token), []))

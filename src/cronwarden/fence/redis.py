@@ -1,8 +1,9 @@
 """The fenced Redis writes (see ``cronwarden.fence``): one Lua script per
-write, each starting with ``check.lua``; the resource's fence is the key
-``cronwarden_fence:<resource>``. On Redis Cluster the fence and the key must
-hash to one slot: give them a hash tag (a resource ``{totals}`` and a key
-``{totals}:sum``)."""
+write, each starting with ``check.lua``. A resource's fence is the key
+``<resource>:cronwarden_fence``: beside the data it guards, so a key prefix
+(an ACL's key pattern, a namespace) covers both. On Redis Cluster the fence
+and the key must hash to one slot: give them a hash tag (a key
+``{totals}:sum`` with the resource ``{totals}``)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from cronwarden.errors import Fenced
-from cronwarden.fence import check_resource, check_token
 
 HERE = Path(__file__).parent
-PREFIX = "cronwarden_fence:"
+SUFFIX = ":cronwarden_fence"
 
 
 def fence_key(resource: str) -> str:
-    return PREFIX + resource
+    return resource + SUFFIX
 
 
 @cache
@@ -44,14 +44,12 @@ def _script(client: Any, name: str) -> Any:
     return found
 
 
-def call(client: Any, name: str, resource: str, key: str, token: int | str, args: list[Any]) -> Any:
-    """Run script ``name`` on ``key`` behind ``resource``'s fence; its reply's
-    second element, or raise ``Fenced``."""
-    check_resource(resource)
-    number = check_token(token)
-    reply = _script(client, name)(keys=[fence_key(resource), key], args=[str(number), *args], client=client)
+def call(client: Any, name: str, resource: str, key: str, token: int, args: list[Any]) -> Any:
+    """Run script ``name`` on ``key`` behind ``resource``'s fence (both
+    checked by the caller); its reply's second element, or raise ``Fenced``."""
+    reply = _script(client, name)(keys=[fence_key(resource), key], args=[str(token), *args], client=client)
     if int(reply[0]) != 1:
-        raise Fenced(resource, number, int(reply[1]))
+        raise Fenced(resource, token, int(reply[1]))
     return reply[1] if len(reply) > 1 else None
 
 
