@@ -358,7 +358,10 @@ class InProcess:
         misfire_grace: float = DEFAULT_MISFIRE_GRACE,
         instance: str = "",
         say: Callable[[str], None] = print,
+        ended: Callable[[], None] | None = None,
     ) -> None:
+        """``ended`` is called after each run's end is recorded (the
+        scheduler delivers to the sinks then, as ``cronwarden run`` does)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.warden = warden
@@ -367,6 +370,7 @@ class InProcess:
         self.misfire_grace = misfire_grace
         self.instance = instance
         self.say = say
+        self.ended = ended
         self.queue: deque[Fire] = deque()
         self._cond = threading.Condition()
         self._workers = 0
@@ -419,7 +423,6 @@ class InProcess:
         """One slot, start to end; the command's exit status (0 when it did
         not start)."""
         from cronwarden.guard import Guard, Options, describe_refusal
-        from cronwarden.policy import Policy
         from cronwarden.stores.base import Refused
 
         job = fire.job
@@ -447,7 +450,9 @@ class InProcess:
             self._say(fire, f"not started: {e}")
             return 0
         if isinstance(started, Refused):
-            self._say(fire, describe_refusal(job.name, started, self.clock.wall()).removeprefix("cronwarden: "))
+            self._say(
+                fire, describe_refusal(job.name, started, self.clock.wall()).removeprefix("cronwarden: ")
+            )
             return 0
         run: Any = started
         code = 0
@@ -496,13 +501,16 @@ class InProcess:
         again = options.policy is Policy.QUEUE and fire.relay.signalled is None
         ending = guard.end(run, exit_code=exited.code, stopped_by=exited.stopped_by, again=again)
         self._say(fire, f"ended: {ending.end.outcome.value}, exit status {exited.code}")
+        if self.ended is not None:
+            self.ended()
         return int(exited.code), ending.next
 
     def _record(self, kind: EventKind, fire: Fire, data: dict[str, Any]) -> None:
         """A slot decision, once per job, slot and kind: its event id is
         made from them, so two instances (or a retry) record it once."""
-        event = Event(kind, fire.job.name, self.clock.wall(), data={
-            "slot": fire.slot, "by": self.instance, **data}, event_id=slot_event_id(kind, fire.job.name, fire.slot))  # fmt: skip
+        event_id = slot_event_id(kind, fire.job.name, fire.slot)
+        data = {"slot": fire.slot, "by": self.instance, **data}
+        event = Event(kind, fire.job.name, self.clock.wall(), data=data, event_id=event_id)
         try:
             self.warden.store.record(event)
         except StoreError as e:

@@ -37,7 +37,12 @@ example:
 
 def configure(p: argparse.ArgumentParser) -> None:
     from cronwarden.cli.args import add_store_flag, duration
-    from cronwarden.scheduler import DEFAULT_CONCURRENCY, DEFAULT_KEEP, DEFAULT_MISFIRE_GRACE, DEFAULT_STOP_TIMEOUT
+    from cronwarden.scheduler import (
+        DEFAULT_CONCURRENCY,
+        DEFAULT_KEEP,
+        DEFAULT_MISFIRE_GRACE,
+        DEFAULT_STOP_TIMEOUT,
+    )
 
     p.description = (
         "Run the config file's jobs at their scheduled times: a small cron daemon whose every "
@@ -65,6 +70,41 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"runs starting or running at once (default {DEFAULT_CONCURRENCY}); more wait "
                    "in the start queue")  # fmt: skip
     add_store_flag(p)
+
+
+class _Flusher:
+    """Delivers the ledger to the config's sinks after runs end, as each
+    ``cronwarden run`` does after its own, from one thread: ends that come
+    while a flush is going are delivered by the next one."""
+
+    def __init__(self, store: Any, sinks: Any) -> None:
+        import threading
+
+        self._store = store
+        self._doc = {"sinks": sinks}
+        self._due = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="cronwarden-flush", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._due.set()
+
+    def _loop(self) -> None:
+        from cronwarden.outbox import flush_after_run
+
+        while True:
+            self._due.wait()
+            self._due.clear()
+            flush_after_run(self._store, self._doc)
+            if self._closing:
+                return
+
+    def close(self, timeout: float) -> None:
+        """One last flush (the last runs' ends), waited for at most ``timeout``."""
+        self._closing = True
+        self._due.set()
+        self._thread.join(timeout)
 
 
 def _concurrency(text: str) -> int:
@@ -126,7 +166,9 @@ def main(args: Any) -> int:
 
     kwargs: dict[str, Any] = {} if args.id is None else {"instance": args.id}
     warden = Warden(store, quiet=True)
-    in_process = InProcess(warden, concurrency=args.concurrency, misfire_grace=args.misfire_grace, say=say)
+    flusher = _Flusher(store, config.sinks) if config.sinks else None
+    in_process = InProcess(warden, concurrency=args.concurrency, misfire_grace=args.misfire_grace, say=say,
+                           ended=None if flusher is None else flusher.poke)  # fmt: skip
     launch = Launchers(in_process=in_process, detached=RunLauncher(url, path))
     sched = Scheduler(store, jobs, launch, misfire_grace=args.misfire_grace, keep=args.keep, say=say,
                       **kwargs)  # fmt: skip
@@ -161,6 +203,8 @@ def main(args: Any) -> int:
             sched.wait_runs(args.stop_timeout, wakeup.sleep, lambda: len(stopping))
     finally:
         in_process.close()
+        if flusher is not None:
+            flusher.close(timeout=10.0)
         wakeup.close()
         warden.close()
         store.close()
