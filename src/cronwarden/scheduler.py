@@ -450,9 +450,8 @@ class InProcess:
             self._say(fire, f"not started: {e}")
             return 0
         if isinstance(started, Refused):
-            self._say(
-                fire, describe_refusal(job.name, started, self.clock.wall()).removeprefix("cronwarden: ")
-            )
+            said = describe_refusal(job.name, started, self.clock.wall())
+            self._say(fire, said.removeprefix(f"cronwarden: {job.name} "))
             return 0
         run: Any = started
         code = 0
