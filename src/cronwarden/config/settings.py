@@ -58,6 +58,7 @@ JOB_KEYS = (
     "failure_threshold",
     "recovery_threshold",
     "maintenance",
+    "detach",
 )
 MONITOR_KEYS = ("failure_threshold", "recovery_threshold", "maintenance")
 """Settings only the monitor reads (``check``, ``monitor``, ``audit``)."""
@@ -143,6 +144,10 @@ class JobSettings(NamedTuple):
     maintenance: tuple[Any, ...] = ()
     """Recurring windows (``cronwarden.config.windows.Window``) in which the
     job's findings are recorded but not delivered to alerting sinks."""
+    detach: bool = False
+    """The scheduler fires it as a ``cronwarden run`` child of its own
+    session, which outlives a scheduler restart, instead of in its own
+    process."""
 
     def schedule_text(self) -> str | None:
         """The schedule as ``Schedule.parse`` reads it back (what the store keeps)."""
