@@ -106,3 +106,37 @@ class NotStarted(CronwardenError):
         self.job = job
         self.outcome = outcome
         self.holder_run_id = holder_run_id
+
+
+class Interrupted(CronwardenError):
+    """The run's process was told to stop by a signal (SIGTERM from a pod
+    shutdown or ``systemctl stop``, SIGINT from Ctrl-C, SIGHUP): the run ends
+    ``interrupted``, not ``failed``. ``exit_code`` is the shell's 128+N."""
+
+    def __init__(self, signum: int, detail: str = "") -> None:
+        import signal
+
+        self.signum = signum
+        self.signal = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        super().__init__(f"{self.signal} to the supervisor" + (f"; {detail}" if detail else ""))
+
+
+class Fenced(CronwardenError):
+    """A write carried a fencing token older than the newest one its resource
+    has seen: a newer run of the job has written (or fenced) it since, so this
+    run's lease is gone and its write must not land. Raised by the helpers in
+    ``cronwarden.fence``; the write did not happen (on the SQL stores the
+    statement failed, so the surrounding transaction cannot commit)."""
+
+    exit_code = 3
+
+    def __init__(self, resource: str, token: int, current: int | None) -> None:
+        newest = "a newer one" if current is None else str(current)
+        super().__init__(
+            f"fenced: token {token} is older than {newest}, the newest token resource {resource!r} "
+            "has seen; a newer run holds the job, so this write was refused"
+        )
+        self.resource = resource
+        self.token = token
+        self.current = current

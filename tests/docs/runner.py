@@ -34,7 +34,9 @@ DEFAULT_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 """Seconds a runs-for daemon may take to exit after SIGTERM."""
 CRON_PATH = "/usr/bin:/bin"
-"""cron's own PATH; the directory of the cronwarden under test goes first."""
+"""cron's own PATH (a cron line names cronwarden by its absolute path)."""
+CRONWARDEN_PATH = "/usr/local/bin/cronwarden"
+"""Where a cron example says cronwarden is: replaced by the one under test."""
 _CRON_SPECIALS = {"@reboot", "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 _CRON_ENV = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<value>.*)$")
 
@@ -110,7 +112,7 @@ class DocSession:
         self.cron_env = {  # what cron gives a command, and no more
             "HOME": str(directory),
             "LOGNAME": env.get("LOGNAME", env.get("USER", "")),
-            "PATH": f"{bin_dir}{os.pathsep}{CRON_PATH}",
+            "PATH": CRON_PATH,  # as cron's: a bare `cronwarden` is not found, as under a real cron
             "SHELL": "/bin/sh",
             "PYTHONUSERBASE": env["PYTHONUSERBASE"],
         }
@@ -190,7 +192,21 @@ class DocSession:
         self._redis_used = True
         return with_param(self.servers.redis, "prefix", self.prefix)
 
+    def postgres_dsn(self) -> str:
+        """The server's URL for a user's own connection (psycopg, psql):
+        no store parameters, the document's schema as its search_path."""
+        self.postgres_url()
+        return with_param(self.servers.postgres, "options", f"-csearch_path%3D{self.schema}")
+
     def _fill(self, value: str) -> str:
+        if "{postgres_dsn}" in value:
+            value = value.replace("{postgres_dsn}", self.postgres_dsn())
+        if "{redis_dsn}" in value:
+            self.redis_url()
+            value = value.replace("{redis_dsn}", self.servers.redis)
+        if "{prefix}" in value:
+            self.redis_url()
+            value = value.replace("{prefix}", self.prefix)
         if "{postgres}" in value:
             value = value.replace("{postgres}", self.postgres_url())
         if "{redis}" in value:
@@ -270,6 +286,7 @@ class DocSession:
         from cronsim import CronSim, CronSimError
 
         cron_env = {**self.cron_env, **env}
+        text = text.replace(CRONWARDEN_PATH, str(cronwarden_command()))
         said: list[str] = []
         for number, line in enumerate(text.splitlines(), start=block.start + 1):
             if not line.strip() or line.lstrip().startswith("#"):
