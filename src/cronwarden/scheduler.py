@@ -278,10 +278,10 @@ class Scheduler:
 class RunLauncher:
     """Starts a scheduled run as ``cronwarden run --job NAME --slot T -- COMMAND``
     with the scheduler's config file and store, in the scheduler's process
-    group (a terminal's Ctrl-C reaches the runs too). The store URL goes in
-    ``ENV_SCHEDULER_STORE``, not on the command line, where every local
-    user could read its password in ``ps``; ``run`` takes it out of the
-    environment its command gets."""
+    group (a terminal's Ctrl-C reaches the runs too). The store URL goes
+    through an inherited pipe named in ``ENV_SCHEDULER_STORE``, not on the
+    command line, where every local user could read its password in ``ps``,
+    nor in the environment."""
 
     store_url: str
     config_path: str | None
@@ -292,8 +292,16 @@ class RunLauncher:
             argv += ["--config", self.config_path]
         if shard:
             argv += ["--shard", shard]
-        env = {**os.environ, ENV_SCHEDULER_STORE: self.store_url}
-        return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL, env=env)
+        # The URL through a pipe the run inherits (see ENV_SCHEDULER_STORE).
+        read, write = os.pipe()
+        try:
+            os.write(write, self.store_url.encode())  # far below a pipe's buffer
+            os.close(write)
+            env = {**os.environ, ENV_SCHEDULER_STORE: f"fd:{read}"}
+            return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL,
+                                    env=env, pass_fds=(read,))  # fmt: skip
+        finally:
+            os.close(read)
 
 
 class Wakeup:
