@@ -318,6 +318,10 @@ def _parse_value(key: str, raw: Any) -> Any:
         if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
             raise UsageError(f"max_pending must be a whole number of at least 1, got {raw!r}")
         return raw
+    if key == "detach":
+        if not isinstance(raw, bool):
+            raise UsageError(f"detach must be true or false, got {raw!r}")
+        return raw
     if key == "allow_unpartitioned":
         if not isinstance(raw, bool):
             raise UsageError(f"allow_unpartitioned must be true or false, got {raw!r}")

@@ -62,6 +62,7 @@ JOB_KEYS = (
     "allow_unpartitioned",
     "command",
     "tags",
+    "detach",
 )
 DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone")
 """What ``[defaults]`` may set. Not ``policy``: a policy is chosen per job,
@@ -138,6 +139,10 @@ class JobSettings(NamedTuple):
     settings absent here are built-in defaults."""
     tags: tuple[str, ...] = ()
     """Names sinks route by (``tags = [...]`` in a sink's route)."""
+    detach: bool = False
+    """The scheduler fires it as a ``cronwarden run`` child of its own
+    session, which outlives a scheduler restart, instead of in its own
+    process."""
 
     def schedule_text(self) -> str | None:
         """The schedule as ``Schedule.parse`` reads it back (what the store keeps)."""
