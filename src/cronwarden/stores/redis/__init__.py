@@ -568,6 +568,11 @@ class RedisStore(Store):
         [raw] = self._read(lambda pipe: pipe.hgetall(self._k_jobs))
         return [JobInfo(**json.loads(raw[name])) for name in sorted(raw)]
 
+    def ledger_jobs(self) -> list[str]:
+        # Every job with a run has events (its start), so the ledger's jobs are the event jobs;
+        # ":" cannot occur in a job name: those are delivery events' sink:NAME.
+        return [job for job in self._ledger_jobs() if ":" not in job]
+
     def job(self, name: str) -> JobInfo | None:
         [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))
         return None if raw is None else JobInfo(**json.loads(raw))
