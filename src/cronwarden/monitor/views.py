@@ -51,7 +51,7 @@ def audit_item(stats: JobStats, thresholds: Thresholds) -> dict[str, Any]:
 def condition_item(c: Condition) -> dict[str, Any]:
     """A finding that holds, as ``check --json`` (and the dashboard's ``/api/jobs``) shows it."""
     return {"severity": c.severity.name.lower(), "job": c.job, "rule": c.rule.value, "run_id": c.run_id,
-            "summary": c.summary, "data": dict(c.data)}  # fmt: skip
+            "summary": c.summary, "data": dict(c.data), "snoozed": c.snoozed}  # fmt: skip
 
 
 REFUSALS = (EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL, EventKind.OVERLAP)
