@@ -70,6 +70,7 @@ def _flags(args: Any) -> dict[str, Any]:
         "reason": None if reason is None else reason.strip(), "grace": args.grace,
         "max_runtime": args.max_runtime, "max_pending": args.max_pending,
         "replace_grace": args.replace_grace, "allow_unpartitioned": args.allow_unpartitioned,
+        "renew_every": args.renew_every,
     }  # fmt: skip
 
 
@@ -213,9 +214,10 @@ with them, without importing argparse. Keys of each entry are argparse's;
 def configure(p: argparse.ArgumentParser) -> None:
     import argparse
 
-    p.usage = "cronwarden run --job NAME [options] -- COMMAND [ARG...]"
+    p.usage = "cronwarden run --job NAME [options] [-- COMMAND [ARG...]]"
     p.description = (
-        "Run COMMAND under the job's lease. A start while another run holds it follows the "
+        "Run COMMAND under the job's lease (without one, the job's command from the config "
+        "file). A start while another run holds it follows the "
         "policy (default skip: recorded with the holder's run id, host, pid and age)."
     )
     p.epilog = EPILOG
@@ -229,11 +231,9 @@ def main(args: Any) -> int:
     from cronwarden.config import find, load, resolve
 
     command = list(args.command)
-    if not command or command[0] != "--":
+    if command and command[0] != "--":
         raise UsageError("run: put the command after --, e.g. cronwarden run --job NAME -- ./job.sh")
     command = command[1:]
-    if not command:
-        raise UsageError("run: no command after --; expected e.g. cronwarden run --job NAME -- ./job.sh")
 
     # From the scheduler: its store, for this run only (never the command's).
     scheduler_store = os.environ.pop(ENV_SCHEDULER_STORE, None)
@@ -242,13 +242,19 @@ def main(args: Any) -> int:
     config_path = find(args.config)
     config = load(config_path, job=args.job)
     settings = resolve(args.job, config, _flags(args))
+    if not command:
+        # The job's configured command (the one the scheduler runs), by hand.
+        command = list(settings.command)
+        if not command:
+            raise UsageError(f"run: no command; put it after --, e.g. cronwarden run --job {args.job} -- "
+                             f"./job.sh, or give [jobs.{args.job}] a command = [...] in the config file")  # fmt: skip
     if args.timezone and settings.schedule is None:
         raise UsageError("--timezone applies to a cron schedule; give --schedule 'CRON' too")
     _check_partition(settings, args.shard, config_path)
     schedule = _schedule(settings)
     now = SYSTEM_CLOCK.wall()
     options = Options(
-        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=args.renew_every,
+        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=settings.renew_every,
         max_runtime=settings.max_runtime, max_pending=settings.max_pending,
         replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
         slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),

@@ -42,7 +42,7 @@ DEFAULT_TTL = 60.0
 DEFAULT_REPLACE_GRACE = 10.0
 DEFAULT_MAX_PENDING = 1
 
-DURATION_KEYS = ("ttl", "grace", "max_runtime", "replace_grace")
+DURATION_KEYS = ("ttl", "grace", "max_runtime", "replace_grace", "renew_every")
 JOB_KEYS = (
     "schedule",
     "timezone",
@@ -127,6 +127,8 @@ class JobSettings(NamedTuple):
     max_runtime: float | None = None
     max_pending: int = DEFAULT_MAX_PENDING
     replace_grace: float = DEFAULT_REPLACE_GRACE
+    renew_every: float | None = None
+    """Heartbeat interval (None: a third of the ttl)."""
     shards: tuple[str, ...] = ()
     allow_unpartitioned: bool = False
     command: tuple[str, ...] = ()
