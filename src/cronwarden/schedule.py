@@ -15,7 +15,6 @@ from typing import Any
 from cronwarden.durations import format_duration, parse_positive_duration
 from cronwarden.errors import UsageError
 
-
 MACROS = {
     "@hourly": "0 * * * *",
     "@daily": "0 0 * * *",
@@ -46,8 +45,9 @@ class Schedule:
         text = expr.strip()
         cron = MACROS.get(text.lower(), text)
         if text.lower() == "@reboot":
-            raise UsageError("schedule @reboot has no fire times to guard; start the job from the boot "
-                             "itself (a systemd unit, cron's own @reboot line) with cronwarden run")  # fmt: skip
+            raise UsageError("schedule @reboot has no fire times to guard; start the job from the "
+                             "boot itself (a systemd unit, cron's own @reboot line) with cronwarden "
+                             "run")  # fmt: skip
         if cron.startswith("@"):
             raise UsageError(f"schedule {text!r} is not a cron macro; expected one of {', '.join(MACROS)} "
                              "or five fields like '*/10 * * * *'")  # fmt: skip

@@ -121,7 +121,8 @@ def _overview() -> str:
         *(f"  {n.ljust(width)}  {h}" for n, (_, h) in COMMANDS.items()),
         "",
         "first run:  cronwarden demo",
-        "cron line:  */10 * * * *  /usr/local/bin/cronwarden run --job reconcile --every 10m -- /opt/bin/reconcile",
+        "cron line:  */10 * * * *  /usr/local/bin/cronwarden run --job reconcile --every 10m -- /opt/bin/job",
+        "            (cron's PATH is /usr/bin:/bin: give the path `command -v cronwarden` prints)",
     ]
     return "\n".join(lines)
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from cronwarden.errors import UsageError
+
 if TYPE_CHECKING:
     import argparse
 
@@ -51,6 +53,21 @@ def store_url(args: Any, configured: str | None = None) -> str:
         if path is not None:
             configured = read(path).store
     return resolve_url(flag, configured)
+
+
+def existing_store_url(args: Any, configured: str | None = None) -> str:
+    """``store_url`` for a command that only reads the ledger: a SQLite file
+    that does not exist is said, not created (opening a SQLite store creates
+    it, and a mistyped path would read as an empty ledger)."""
+    url = store_url(args, configured)
+    if url.startswith("sqlite:"):
+        from cronwarden.stores.sqlite import path_of
+
+        path = path_of(url)
+        if not os.path.exists(path):
+            raise UsageError(f"no ledger at {path}: nothing has been recorded there (a first cronwarden run "
+                             "creates it); give the --store your jobs write to")  # fmt: skip
+    return url
 
 
 def add_flags(p: argparse.ArgumentParser, flags: Mapping[str, Mapping[str, Any]]) -> None:

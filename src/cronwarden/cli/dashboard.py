@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -71,18 +70,12 @@ def open_dashboard(args: Any, clock: Clock) -> Dashboard:
     """The dashboard over ``args``' store (a connection of its own), window,
     thresholds and config file; ``Dashboard.close`` closes the store. A store
     that cannot be read is said now (exit 75, or 2), not on the first page."""
-    from cronwarden.cli.args import store_url
+    from cronwarden.cli.args import existing_store_url
     from cronwarden.cli.window import open_monitor
     from cronwarden.stores import open_store
     from cronwarden.web import DEFAULT_REFRESH, Dashboard
 
-    url = store_url(args)
-    if url.startswith("sqlite:"):
-        from cronwarden.stores.sqlite import path_of
-
-        # Opening a SQLite store creates it: a mistyped path would serve an empty ledger.
-        if not os.path.exists(path_of(url)):
-            raise UsageError(f"no ledger at {path_of(url)}: give the --store your jobs write to")
+    url = existing_store_url(args)
     store = open_store(url, clock=clock)
     try:
         store.jobs()

@@ -246,8 +246,9 @@ def main(args: Any) -> int:
         # The job's configured command (the one the scheduler runs), by hand.
         command = list(settings.command)
         if not command:
-            raise UsageError(f"run: no command; put it after --, e.g. cronwarden run --job {args.job} -- "
-                             f"./job.sh, or give [jobs.{args.job}] a command = [...] in the config file")  # fmt: skip
+            raise UsageError(f"run: no command; put it after --, e.g. cronwarden run --job {args.job} "
+                             f"-- ./job.sh, or give [jobs.{args.job}] a command = [...] in the config "
+                             "file")  # fmt: skip
     if args.timezone and settings.schedule is None:
         raise UsageError("--timezone applies to a cron schedule; give --schedule 'CRON' too")
     _check_partition(settings, args.shard, config_path)
