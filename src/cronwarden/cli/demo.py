@@ -83,7 +83,8 @@ class Screen:
 
 
 def _fire_all(commands: list[list[str]], t0: float, work: str, screen: Screen, phase: str,
-              on_fire: Callable[[int, float], None], tick: Callable[[], None]) -> list[tuple[float, int]]:  # fmt: skip
+              on_fire: Callable[[int, float], None],
+              tick: Callable[[], None]) -> list[tuple[float, int]]:  # fmt: skip
     """Start one command per slot on the clock, like cron, saying each as it
     happens (``on_fire``; ``tick`` between); wait for all."""
     procs: list[tuple[float, subprocess.Popen[str]]] = []
