@@ -115,7 +115,9 @@ def parse_plain(flags: Mapping[str, Mapping[str, Any]], argv: Sequence[str]) -> 
     if len(groups) != len(set(groups)) or any(s.get("required") and n not in given for n, s in flags.items()):
         return None
     ns = SimpleNamespace(command=list(argv[end:]))
-    for name, spec in flags.items():
+    # Flags not given first: two spellings of one setting share a ``dest``
+    # (--timezone, --tz), and the one given must win.
+    for name, spec in sorted(flags.items(), key=lambda item: item[0] in given):
         convert = spec.get("type")
         result: Any
         if name not in given:
