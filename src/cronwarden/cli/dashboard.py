@@ -98,7 +98,19 @@ def request_log(args: Any) -> Callable[[str], None] | None:
 def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     from cronwarden.web import serve
 
-    dashboard = open_dashboard(args, clock)
+    asked: list[int] = []
+    # A SIGTERM while the store is opened (a new PostgreSQL schema takes a
+    # while on a busy host) is a stop too, not a death by signal.
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: asked.append(signum))
+    try:
+        dashboard = open_dashboard(args, clock)
+    except BaseException:
+        signal.signal(signal.SIGTERM, previous)
+        raise
+    if asked:
+        signal.signal(signal.SIGTERM, previous)
+        dashboard.close()
+        return 0
     host, port = args.listen
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -107,7 +119,7 @@ def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     def ready(url: str) -> None:
         print(f"cronwarden dashboard: {url} (Ctrl-C to stop)", flush=True)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         serve(dashboard, host, port, ready=ready, log=request_log(args))
     except KeyboardInterrupt:
