@@ -172,7 +172,7 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--every": {"group": "when", "metavar": "DURATION",
                 "help": "the job's period, e.g. 10m (slots, monitor)"},
     "--schedule": {"group": "when", "metavar": "CRON",
-                   "help": "the job's cron expression, e.g. '*/10 * * * *'"},
+                   "help": "the job's cron expression, e.g. '*/10 * * * *' or @daily (five fields)"},
     "--timezone": {"group": "zone", "dest": "timezone", "metavar": "ZONE",
                    "help": "IANA time zone of --schedule, e.g. Europe/Berlin (default: local); the config "
                    "key is timezone"},
