@@ -25,11 +25,14 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronwarden.errors import StoreError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.stores.base import EventQuery, Store
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Rollup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = "-- name:"
@@ -161,6 +164,8 @@ class SqlStore(Store):
 
     _shared: dict[str, str]
     _param: str
+    _q: dict[str, str]
+    """The store's own statements (``insert_rollup``, ``update_rollup``)."""
 
     def _use_shared_queries(self, schema: str, param: str) -> None:
         self._param = param
@@ -178,9 +183,9 @@ class SqlStore(Store):
         """
 
     @abc.abstractmethod
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
         """One statement that writes, committed on its own (as in the
-        ``Store`` methods it serves, one atomic step).
+        ``Store`` methods it serves, one atomic step); the rows it changed.
 
         :raises StoreUnavailable: the store cannot be reached for now
         :raises StoreError: anything else the store refused
@@ -242,3 +247,38 @@ class SqlStore(Store):
 
     def rejected_counts(self) -> dict[str, int]:
         return {str(sink): int(n) for sink, n in self._fetch(self._shared["rejected_counts"], ())}
+
+    def rollups(self) -> "dict[str, Rollup] | None":
+        from cronwarden.stores.rollup import from_row
+
+        return {row[0]: from_row(row) for row in self._fetch(self._shared["rollups"], ())}
+
+    def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
+        from cronwarden.stores.rollup import REFUSAL_KINDS, fold, row_of
+
+        names = [r[0] for r in self._fetch(self._shared["rollup_jobs"], ())] if jobs is None else jobs
+        kinds = (*REFUSAL_KINDS, EventKind.OVERLAP)
+        for job in names:
+            for _ in range(REBUILD_TRIES):
+                seen = self._fetch(self._shared["rollup_version"], (job,))
+                runs = self.runs(job, 2**62)
+                ended = sorted((r for r in runs if r.outcome is not None), key=_end_order)
+                refusals = self.events(EventQuery(job=job, kinds=kinds, newest_first=False, limit=2**62))
+                row = row_of(*fold(job, (r.started_at for r in runs), ended, refusals))
+                if seen:
+                    written = self._write(self._q["update_rollup"], (*row, *seen[0]))
+                else:
+                    written = self._write(self._q["insert_rollup"], row)
+                if written:
+                    break
+            else:
+                raise StoreError(f"the rollup of job {job!r} changed {REBUILD_TRIES} times while being rebuilt")
+        return len(names)
+
+
+REBUILD_TRIES = 20
+
+
+def _end_order(r: RunRecord) -> tuple[float, float, str]:
+    """The order a rebuild folds ended runs in: the order they ended."""
+    return (r.ended_at or 0.0, r.started_at, r.run_id)

@@ -346,8 +346,8 @@ class PostgresStore(SqlStore):
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         return self._call(lambda c: c.execute(sql, args).fetchall())
 
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
-        self._call(lambda c: c.execute(sql, args))
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
+        return self._call(lambda c: c.execute(sql, args).rowcount)
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
         data: Mapping[str, Any] = raw  # jsonb: psycopg has decoded it

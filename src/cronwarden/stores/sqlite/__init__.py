@@ -279,9 +279,9 @@ class SqliteStore(SqlStore):
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         return self._read(lambda db: db.execute(sql, args).fetchall())
 
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
         with self._tx() as db:
-            db.execute(sql, args)
+            return db.execute(sql, args).rowcount
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
         data: Mapping[str, Any] = json.loads(raw)
