@@ -14,8 +14,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cronwarden.events import Event, EventKind, Outcome
+from cronwarden.clock import FakeClock
+from cronwarden.events import Event, EventKind, JobInfo, Outcome
 from cronwarden.lease import Lease
+from cronwarden.monitor import Monitor, Thresholds
 from cronwarden.policy import Policy
 from cronwarden.stores.base import End, EventQuery, Store
 from cronwarden.stores.rollup import REFUSAL_KINDS, ROLLUP_RUNS, Rollup, fold
@@ -87,6 +89,8 @@ def from_ledger(store: Store, job: str) -> Rollup:
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, tuple | list) and isinstance(b, tuple | list):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -149,3 +153,43 @@ def test_window_statistics_of_a_known_history(store: Store) -> None:
     assert r.bad_in_a_row == 1 and r.good_in_a_row == 0
     assert dict(r.w_outcomes) == {"succeeded": 5, "failed": 1}
     assert r.durations() == (0.5, 1.0, 2.0, 3.0, 4.0, 100.0)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(step, min_size=0, max_size=ROLLUP_RUNS + 10),
+    leave_open=st.booleans(),
+    days=st.sampled_from([0.05, 0.5, 7.0]),
+    later=st.floats(0.0, 3600.0),
+)
+def test_monitor_reads_from_rollups_what_it_reads_from_the_ledger(
+    store: Store, steps: list[tuple[str, Outcome, float]], leave_open: bool, days: float, later: float
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    t0 = 1_760_000_000.25
+    store.save_job(JobInfo(name=job, period=600.0, updated_at=t0))
+    play(store, job, steps, t0=t0)
+    last = max([t0, *(r.ended_at or r.started_at for r in store.runs(job, 10**9))])
+    if leave_open:
+        granted(store.acquire(start(job, at=last + 1)))
+    clock = FakeClock(start=last + 2 + later)
+    thresholds = Thresholds(days=days)
+
+    def audit(use_rollups: bool) -> dict[str, Any]:
+        found = Monitor(store, clock=clock, thresholds=thresholds, use_rollups=use_rollups).audit()
+        return next(s.as_dict(thresholds) for s in found if s.job == job)
+
+    fast, ledger = audit(True), audit(False)
+    for name, want in ledger.items():
+        assert same(fast[name], want), f"{name}: from the rollup {fast[name]!r}, from the ledger {want!r}"
+
+
+def test_a_plain_history_is_answered_by_the_rollup_alone(store: Store) -> None:
+    steps = [("run", Outcome.SUCCEEDED, 3.0), ("skip", Outcome.SUCCEEDED, 1), ("run", Outcome.FAILED, 5.0)]
+    play(store, "plain", steps * 10, t0=1_760_000_000.0)  # type: ignore[arg-type]
+    kept = store.rollups()
+    assert kept is not None
+    monitor = Monitor(store, clock=FakeClock(start=1_760_000_000.0 + 3600))
+    stats = monitor._from_rollup("plain", None, monitor.clock.wall(), kept["plain"])
+    assert stats is not None, "a history without overlaps, abandons or shards needs no ledger read"
+    assert stats.runs == 30 and stats.skips == 10 and stats.failures == 10

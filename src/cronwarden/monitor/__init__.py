@@ -58,6 +58,7 @@ from cronwarden.monitor.stats import (
     COMPLETED,
     WINDOW_EVENT_KINDS,
     JobStats,
+    LazyDurations,
     Overlap,
     Stuck,
     Thresholds,
@@ -68,6 +69,7 @@ from cronwarden.monitor.stats import (
     quantile,
 )
 from cronwarden.stores.base import EventQuery, Store, abandon_expired
+from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup
 
 __all__ = [
     "DEFAULT_RULES",
@@ -125,6 +127,9 @@ class Monitor:
     ``store`` is a ``Store`` the caller owns. ``clock.wall()`` is read once per
     pass. ``extra_jobs`` adds jobs known from elsewhere (the config file) to
     those the store knows; they win over the store's record of the same name.
+    ``use_rollups``: read each job's statistics from the store's rollup where
+    it answers them exactly (see ``_from_rollup``), the ledger otherwise;
+    False reads the ledger for every job.
     """
 
     def __init__(
@@ -135,8 +140,10 @@ class Monitor:
         thresholds: Thresholds | None = None,
         rules: Sequence[Rule] = DEFAULT_RULES,
         extra_jobs: Sequence[JobInfo] = (),
+        use_rollups: bool = True,
     ) -> None:
         self.store = store
+        self.use_rollups = use_rollups
         self.clock = clock
         self.thresholds = thresholds or Thresholds()
         self.rules = tuple(rules)
@@ -275,6 +282,60 @@ class Monitor:
             events_truncated=len(events) >= t.event_limit,
         )  # fmt: skip
 
+    def _rollups(self) -> dict[str, Rollup]:
+        """The store's rollups, when this monitor's window is theirs."""
+        if not self.use_rollups or self.thresholds.runs != ROLLUP_RUNS:
+            return {}
+        return self.store.rollups() or {}
+
+    def _job_stats(
+        self, job: str, info: JobInfo | None, now: float, opened: list[RunRecord], rollups: dict[str, Rollup]
+    ) -> JobStats:
+        """One job's statistics: from its rollup if that answers them, else from the ledger."""
+        rollup = rollups.get(job)
+        if rollup is not None and not opened:
+            fast = self._from_rollup(job, info, now, rollup)
+            if fast is not None:
+                return fast
+        return self._read(job, info, now, opened)
+
+    def _from_rollup(self, job: str, info: JobInfo | None, now: float, r: Rollup) -> JobStats | None:
+        """The statistics ``_read`` would compute, from the job's rollup, or
+        None where the rollup cannot say (the ledger is read then): a stale
+        row, a window with a flagged run (an abandoned run, another lease
+        key, a start before an earlier end: an overlap to find), a window
+        older than ``days``, skips or overlap events the row does not hold.
+        The job has no open run (the caller checks)."""
+        t = self.thresholds
+        since = now - t.days * 86400
+        if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
+            return None
+        window_start = r.w_oldest if r.w_runs >= t.runs else since
+        times = r.skip_times
+        if len(times) < r.skips and (not times or times[0] >= window_start):
+            return None  # skips older than the row keeps may be in the window
+        if r.last_overlap is not None and r.last_overlap >= window_start:
+            return None
+        skips = sum(1 for x in times if x >= window_start)
+        if skips >= t.event_limit:
+            return None
+        period, schedule_error = self._period(info, now)
+        outcomes = dict(r.w_outcomes)
+        refusal = r.last_refusal if r.last_refusal is not None and r.last_refusal >= window_start else None
+        last_attempt = max((x for x in (r.last_start, refusal) if x is not None), default=None)
+        return JobStats(
+            job=job, info=info, now=now, window_start=window_start,
+            schedule=info.schedule if info and info.schedule else (
+                f"every {format_duration(period)}" if period else None),
+            period=period, grace=t.grace(info, period), schedule_error=schedule_error,
+            runs=r.w_runs, completed=r.w_completed, durations=LazyDurations(r),
+            p50=r.p50, p95=r.p95, max=r.w_max, outcomes=outcomes,
+            failures=outcomes.get(Outcome.FAILED, 0) + outcomes.get(Outcome.TIMED_OUT, 0),
+            lease_losses=outcomes.get(Outcome.LEASE_LOST, 0),
+            skips=skips, skips_in_a_row=r.skips_in_a_row, overlaps=0, open_runs=0,
+            last_start=r.last_start, last_attempt=last_attempt, last_success=r.w_last_success,
+        )  # fmt: skip
+
     def audit(self) -> list[JobStats]:
         """Every known job's statistics. Read-only."""
         now = self.clock.wall()
@@ -282,8 +343,9 @@ class Monitor:
         by_job: dict[str, list[RunRecord]] = {}
         for r in opened:
             by_job.setdefault(r.job, []).append(r)
+        rollups = self._rollups()
         return [
-            self._read(name, info, now, by_job.get(name, []))
+            self._job_stats(name, info, now, by_job.get(name, []), rollups)
             for name, info in self.known_jobs(opened).items()
         ]
 
@@ -316,8 +378,9 @@ class Monitor:
         raised: list[Event] = []
         resolved: list[Event] = []
         abandoned: list[str] = []
+        rollups = self._rollups()
         for name, info in self.known_jobs(opened).items():
-            stats = self._read(name, info, now, by_job.get(name, []))
+            stats = self._job_stats(name, info, now, by_job.get(name, []), rollups)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:

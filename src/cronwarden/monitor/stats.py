@@ -155,6 +155,38 @@ class Stuck:
     why: str
 
 
+class LazyDurations(Sequence[float]):
+    """A rollup's window durations, decoded on first use: most readers of
+    the statistics want p50 and p95 only, which the rollup has already."""
+
+    def __init__(self, rollup: Any) -> None:
+        self._rollup = rollup
+        self._values: tuple[float, ...] | None = None
+
+    def _all(self) -> tuple[float, ...]:
+        if self._values is None:
+            self._values = self._rollup.durations()
+        return self._values
+
+    def __len__(self) -> int:
+        return int(self._rollup.w_completed)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobStats:
     """One job's statistics over the window (last N runs, last D days)."""
@@ -169,7 +201,7 @@ class JobStats:
     runs: int
     """Runs started in the window (open ones included)."""
     completed: int
-    durations: tuple[float, ...] = ()
+    durations: Sequence[float] = ()
     """Durations of the completed runs in the window, ascending."""
     p50: float | None = None
     p95: float | None = None

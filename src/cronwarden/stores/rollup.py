@@ -186,14 +186,12 @@ def fold(
 def row_of(rollup: Rollup, recent: Sequence[Entry]) -> tuple[Any, ...]:
     """The stored row of a rollup (the columns of ``rollups`` in Rollup's
     order, then the window's entries), JSON columns as text."""
-    values = list(rollup)
-    for i, name in enumerate(Rollup._fields):
-        if name in ("outcomes", "w_outcomes"):
-            values[i] = json.dumps(dict(values[i]))
-        elif name == "skip_times":
-            values[i] = json.dumps(list(values[i]))
-        elif name == "stale":
-            values[i] = int(values[i])
+    values: list[Any] = list(rollup)
+    fields = Rollup._fields
+    values[fields.index("stale")] = int(rollup.stale)
+    values[fields.index("outcomes")] = json.dumps(dict(rollup.outcomes))
+    values[fields.index("w_outcomes")] = json.dumps(dict(rollup.w_outcomes))
+    values[fields.index("skip_times")] = json.dumps(list(rollup.skip_times))
     return (*values, json.dumps([list(e) for e in recent]))
 
 
@@ -210,3 +208,14 @@ def from_row(row: Sequence[Any]) -> Rollup:
         w_flagged=w_flagged or 0, w_completed=w_completed, w_outcomes=json.loads(w_outcomes),
         w_durations=w_durations, p50=p50, p95=p95, w_max=w_max, w_last_success=w_last_success,
     )  # fmt: skip
+
+
+def summary_json(rollup: Rollup) -> str:
+    """The Redis store's summary of a rollup (``redis/rollup.lua``): every
+    field but the job (the hash field) and the window's durations (a hash
+    of their own)."""
+    fields = rollup._asdict()
+    del fields["job"], fields["w_durations"]
+    fields["outcomes"], fields["w_outcomes"] = dict(rollup.outcomes), dict(rollup.w_outcomes)
+    fields["skip_times"] = list(rollup.skip_times)
+    return json.dumps(fields, separators=(",", ":"))

@@ -248,7 +248,7 @@ class SqlStore(Store):
     def rejected_counts(self) -> dict[str, int]:
         return {str(sink): int(n) for sink, n in self._fetch(self._shared["rejected_counts"], ())}
 
-    def rollups(self) -> "dict[str, Rollup] | None":
+    def rollups(self) -> dict[str, Rollup] | None:
         from cronwarden.stores.rollup import from_row
 
         return {row[0]: from_row(row) for row in self._fetch(self._shared["rollups"], ())}
@@ -272,7 +272,9 @@ class SqlStore(Store):
                 if written:
                     break
             else:
-                raise StoreError(f"the rollup of job {job!r} changed {REBUILD_TRIES} times while being rebuilt")
+                raise StoreError(
+                    f"the rollup of job {job!r} changed {REBUILD_TRIES} times while being rebuilt"
+                )
         return len(names)
 
 
