@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "metrics": ("cronwarden.cli.audit", "Prometheus text exposition of the ledger's job statistics"),
     "report": ("cronwarden.cli.report", "report start/success/fail of a job cronwarden cannot wrap"),
     "ack": ("cronwarden.cli.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),
+    "rollup": ("cronwarden.cli.rollup", "each job's statistics the store keeps as runs end; --rebuild"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""

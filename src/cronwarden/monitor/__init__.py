@@ -379,6 +379,10 @@ class Monitor:
         resolved: list[Event] = []
         abandoned: list[str] = []
         rollups = self._rollups()
+        stale = [job for job, r in rollups.items() if r.stale]
+        if record and stale:  # a store upgraded from a version without rollups: once
+            self.store.rebuild_rollups(stale)
+            rollups = self._rollups()
         for name, info in self.known_jobs(opened).items():
             stats = self._job_stats(name, info, now, by_job.get(name, []), rollups)
             all_stats.append(stats)

@@ -117,7 +117,8 @@ def window_of(recent: Sequence[tuple[float, float, str, int]]) -> dict[str, Any]
 
 
 def entry(run: RunRecord, recent: Sequence[tuple[float, float, str, int]]) -> tuple[float, float, str, int]:
-    """A window entry for ``run`` as it ends, after ``recent``."""
+    """A window entry for ``run`` as it ends, after ``recent`` (the window's
+    entries that stay: the oldest has made room when the window was full)."""
     assert run.ended_at is not None and run.outcome is not None
     flagged = (
         run.outcome is Outcome.ABANDONED
@@ -135,7 +136,8 @@ def fold(
     job: str, starts: Iterable[float], ended: Iterable[RunRecord], refusals: Iterable[Any]
 ) -> tuple[Rollup, list[Entry]]:
     """The rollup of a ledger read back: ``ended`` runs in the order they
-    ended, ``starts`` every run's start time, ``refusals`` the job's
+    ended (runs that ended at the same instant: in the order they started;
+    the store folded them in the order their ends were written), ``starts`` every run's start time, ``refusals`` the job's
     ``skipped``/``queued``/``queue_full``/``overlap`` events in the order
     recorded. Starts and refusals interleave only through ``skips_in_a_row``,
     which counts the skips at or after the latest start, whenever written.
@@ -158,8 +160,8 @@ def fold(
             bad, good = 0, good + 1
         elif o in BAD_OUTCOMES:
             bad, good = bad + 1, 0
-        recent.append(entry(r, recent))
-        del recent[:-ROLLUP_RUNS]
+        kept = recent[len(recent) - ROLLUP_RUNS + 1 :] if len(recent) >= ROLLUP_RUNS else recent
+        recent = [*kept, entry(r, kept)]
     last_start = max(starts, default=None)
     skips = 0
     skip_times: list[float] = []

@@ -32,7 +32,7 @@ from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.stores.base import EventQuery, Store
 
 if TYPE_CHECKING:
-    from cronwarden.stores.rollup import Rollup
+    from cronwarden.stores.rollup import Entry, Rollup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = "-- name:"
@@ -164,8 +164,6 @@ class SqlStore(Store):
 
     _shared: dict[str, str]
     _param: str
-    _q: dict[str, str]
-    """The store's own statements (``insert_rollup``, ``update_rollup``)."""
 
     def _use_shared_queries(self, schema: str, param: str) -> None:
         self._param = param
@@ -248,13 +246,20 @@ class SqlStore(Store):
     def rejected_counts(self) -> dict[str, int]:
         return {str(sink): int(n) for sink, n in self._fetch(self._shared["rejected_counts"], ())}
 
+    @abc.abstractmethod
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        """Write a rebuilt rollup and its window's entries if the job's row
+        is still what ``rollup_version`` read before the ledger was
+        (``seen``; None: there was no row), in one transaction. False: it
+        changed meanwhile."""
+
     def rollups(self) -> dict[str, Rollup] | None:
         from cronwarden.stores.rollup import from_row
 
         return {row[0]: from_row(row) for row in self._fetch(self._shared["rollups"], ())}
 
     def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
-        from cronwarden.stores.rollup import REFUSAL_KINDS, fold, row_of
+        from cronwarden.stores.rollup import REFUSAL_KINDS, fold
 
         names = [r[0] for r in self._fetch(self._shared["rollup_jobs"], ())] if jobs is None else jobs
         kinds = (*REFUSAL_KINDS, EventKind.OVERLAP)
@@ -264,12 +269,8 @@ class SqlStore(Store):
                 runs = self.runs(job, 2**62)
                 ended = sorted((r for r in runs if r.outcome is not None), key=_end_order)
                 refusals = self.events(EventQuery(job=job, kinds=kinds, newest_first=False, limit=2**62))
-                row = row_of(*fold(job, (r.started_at for r in runs), ended, refusals))
-                if seen:
-                    written = self._write(self._q["update_rollup"], (*row, *seen[0]))
-                else:
-                    written = self._write(self._q["insert_rollup"], row)
-                if written:
+                rollup, recent = fold(job, (r.started_at for r in runs), ended, refusals)
+                if self._save_rollup(rollup, recent, tuple(seen[0]) if seen else None):
                     break
             else:
                 raise StoreError(

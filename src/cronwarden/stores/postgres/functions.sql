@@ -390,13 +390,13 @@ DECLARE
 BEGIN
     INSERT INTO {s}.rollups (job) VALUES (NEW.job) ON CONFLICT (job) DO NOTHING;
     SELECT * INTO r FROM {s}.rollups WHERE job = NEW.job FOR UPDATE;
+    IF jsonb_array_length(r.recent) >= 50 THEN
+        r.recent := r.recent - 0;  -- the oldest makes room
+    END IF;
     v_flag := NEW.outcome = 'abandoned' OR NEW.key <> NEW.job OR EXISTS (
         SELECT FROM jsonb_array_elements(r.recent) e WHERE (e->>1)::double precision > NEW.started_at);
     r.recent := r.recent || jsonb_build_array(jsonb_build_array(
         NEW.started_at, NEW.ended_at, NEW.outcome, v_flag::integer));
-    IF jsonb_array_length(r.recent) > 50 THEN
-        r.recent := r.recent - 0;
-    END IF;
     SELECT coalesce(array_agg(d ORDER BY d), '{}') INTO v_d FROM (
         SELECT (e->>1)::double precision - (e->>0)::double precision AS d
         FROM jsonb_array_elements(r.recent) e WHERE e->>2 IN ('succeeded', 'failed', 'timed_out')) x;

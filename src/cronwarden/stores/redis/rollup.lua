@@ -97,10 +97,10 @@ local function rollup_end(r, job, outcome, started, ended, key)
     r.bad_in_a_row, r.good_in_a_row = r.bad_in_a_row + 1, 0
   end
   local w = r.window
+  if #w >= ROLLUP_RUNS then table.remove(w, 1) end  -- the oldest makes room
   local flagged = (outcome == 'abandoned' or key ~= job) and 1 or 0
   for _, e in ipairs(w) do if e[2] > started then flagged = 1 end end
   w[#w + 1] = {started, ended, outcome, flagged}
-  if #w > ROLLUP_RUNS then table.remove(w, 1) end
   local d, outs, oldest, nflag, last_ok = {}, {}, nil, 0, nil
   for _, e in ipairs(w) do
     if COMPLETED[e[3]] then d[#d + 1] = e[2] - e[1] end

@@ -22,7 +22,6 @@ CREATE TABLE rollups (
     last_refusal   REAL,
     last_overlap   REAL,
     skip_times     TEXT NOT NULL DEFAULT '[]',  -- the latest 50 skipped times
-    recent         TEXT NOT NULL DEFAULT '[]',  -- the window: [start, end, outcome, flagged], oldest first
     w_runs         INTEGER NOT NULL DEFAULT 0,
     w_oldest       REAL,
     w_flagged      INTEGER NOT NULL DEFAULT 0,
@@ -34,15 +33,33 @@ CREATE TABLE rollups (
     w_max          REAL,
     w_last_success REAL
 ) WITHOUT ROWID;
+-- The window: each job's last 50 ended runs, one row per place in the ring
+-- (the run's end counted from 0, mod 50), so the statistics are computed
+-- over at most 50 indexed rows (SQLite's JSON functions re-parse an element
+-- at every look, several times slower).
+CREATE TABLE rollup_window (
+    job        TEXT NOT NULL,
+    place      INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at   REAL NOT NULL,
+    outcome    TEXT NOT NULL,
+    flagged    INTEGER NOT NULL,
+    PRIMARY KEY (job, place)
+) WITHOUT ROWID;
 
--- A run ends (finish's terminal record, or an abandon): the lifetime
--- counters, the window (the last 50 ended runs) and its statistics. The
--- quantiles are stores/rollup.py's quantile, operation for operation; times and
--- durations go into JSON as 17 significant digits (json_array alone keeps 15).
+-- A run ends (finish's terminal record, or an abandon): the window's entry
+-- (flagged when an entry that stays ended after this run started), the
+-- lifetime counters, then the window's statistics.
 CREATE TRIGGER rollup_end AFTER UPDATE OF outcome ON runs
     WHEN old.outcome IS NULL AND new.outcome IS NOT NULL
 BEGIN
     INSERT INTO rollups (job) VALUES (new.job) ON CONFLICT (job) DO NOTHING;
+    INSERT OR REPLACE INTO rollup_window (job, place, started_at, ended_at, outcome, flagged)
+    SELECT new.job, r.ended % 50, new.started_at, new.ended_at, new.outcome,
+           new.outcome = 'abandoned' OR new.key <> new.job OR EXISTS (
+               SELECT 1 FROM rollup_window w
+               WHERE w.job = new.job AND w.place <> r.ended % 50 AND w.ended_at > new.started_at)
+    FROM rollups r WHERE r.job = new.job;
     UPDATE rollups SET
         ended = ended + 1,
         outcomes = json_set(outcomes, '$.' || new.outcome,
@@ -59,35 +76,31 @@ BEGIN
         good_in_a_row = CASE WHEN new.outcome = 'succeeded' THEN good_in_a_row + 1
                              WHEN new.outcome IN ('failed', 'lease_lost', 'timed_out', 'abandoned', 'interrupted')
                              THEN 0 ELSE good_in_a_row END,
-        recent = json_insert(
-            CASE WHEN json_array_length(recent) >= 50 THEN json_remove(recent, '$[0]') ELSE recent END,
-            '$[#]',
-            json_array(json(printf('%!.17g', new.started_at)), json(printf('%!.17g', new.ended_at)), new.outcome,
-                       new.outcome = 'abandoned' OR new.key <> new.job
-                       OR EXISTS (SELECT 1 FROM json_each(recent) WHERE json_extract(value, '$[1]') > new.started_at)))
+        (w_runs, w_oldest, w_flagged, w_last_success) = (
+            SELECT count(*), min(started_at), sum(flagged),
+                   max(CASE WHEN outcome = 'succeeded' THEN ended_at END)
+            FROM rollup_window WHERE job = new.job),
+        w_outcomes = (SELECT json_group_object(outcome, n) FROM (
+            SELECT outcome, count(*) AS n FROM rollup_window WHERE job = new.job GROUP BY outcome)),
+        (w_completed, w_durations, w_max) = (
+            SELECT count(*), '[' || coalesce(group_concat(printf('%!.17g', v), ','), '') || ']', max(v)
+            FROM (SELECT ended_at - started_at AS v FROM rollup_window
+                  WHERE job = new.job AND outcome IN ('succeeded', 'failed', 'timed_out') ORDER BY v))
     WHERE job = new.job;
+    -- The quantiles from the ascending durations just written: element lo,
+    -- and lo + 1, of the JSON array, as rollup.py's quantile interpolates
+    -- (none without a completed run).
     UPDATE rollups SET
-        w_runs = (SELECT count(*) FROM json_each(recent)),
-        w_oldest = (SELECT min(json_extract(value, '$[0]')) FROM json_each(recent)),
-        w_flagged = (SELECT coalesce(sum(json_extract(value, '$[3]')), 0) FROM json_each(recent)),
-        w_outcomes = (SELECT json_group_object(o, n) FROM (
-            SELECT json_extract(value, '$[2]') AS o, count(*) AS n FROM json_each(recent) GROUP BY 1)),
-        w_last_success = (SELECT max(json_extract(value, '$[1]')) FROM json_each(recent)
-                          WHERE json_extract(value, '$[2]') = 'succeeded'),
-        (w_completed, w_durations, w_max, p50, p95) = (
-            SELECT count(*), json_group_array(json(printf('%!.17g', v))), max(v),
-                   max(CASE WHEN i = lo50 THEN v END)
-                   + (max(CASE WHEN i = hi50 THEN v END) - max(CASE WHEN i = lo50 THEN v END)) * (h50 - lo50),
-                   max(CASE WHEN i = lo95 THEN v END)
-                   + (max(CASE WHEN i = hi95 THEN v END) - max(CASE WHEN i = lo95 THEN v END)) * (h95 - lo95)
-            FROM (SELECT v, i, h50, CAST(h50 AS INTEGER) AS lo50, min(CAST(h50 AS INTEGER) + 1, n - 1) AS hi50,
-                         h95, CAST(h95 AS INTEGER) AS lo95, min(CAST(h95 AS INTEGER) + 1, n - 1) AS hi95
-                  FROM (SELECT v, i, n, (n - 1) * 0.5 AS h50, (n - 1) * 0.95 AS h95
-                        FROM (SELECT v, row_number() OVER (ORDER BY v) - 1 AS i, count(*) OVER () AS n
-                              FROM (SELECT json_extract(value, '$[1]') - json_extract(value, '$[0]') AS v
-                                    FROM json_each(recent)
-                                    WHERE json_extract(value, '$[2]') IN ('succeeded', 'failed', 'timed_out')))
-                        ORDER BY v)))
+        p50 = CASE WHEN w_completed = 0 THEN NULL ELSE
+              json_extract(w_durations, '$[' || CAST((w_completed - 1) * 0.5 AS INTEGER) || ']')
+              + (json_extract(w_durations, '$[' || min(CAST((w_completed - 1) * 0.5 AS INTEGER) + 1, w_completed - 1) || ']')
+                 - json_extract(w_durations, '$[' || CAST((w_completed - 1) * 0.5 AS INTEGER) || ']'))
+                * ((w_completed - 1) * 0.5 - CAST((w_completed - 1) * 0.5 AS INTEGER)) END,
+        p95 = CASE WHEN w_completed = 0 THEN NULL ELSE
+              json_extract(w_durations, '$[' || CAST((w_completed - 1) * 0.95 AS INTEGER) || ']')
+              + (json_extract(w_durations, '$[' || min(CAST((w_completed - 1) * 0.95 AS INTEGER) + 1, w_completed - 1) || ']')
+                 - json_extract(w_durations, '$[' || CAST((w_completed - 1) * 0.95 AS INTEGER) || ']'))
+                * ((w_completed - 1) * 0.95 - CAST((w_completed - 1) * 0.95 AS INTEGER)) END
     WHERE job = new.job;
 END;
 
@@ -121,6 +134,6 @@ BEGIN
     WHERE job = new.job;
 END;
 
-INSERT INTO rollups (job, stale) SELECT DISTINCT job FROM runs WHERE true ON CONFLICT (job) DO NOTHING;
-INSERT INTO rollups (job, stale) SELECT DISTINCT job FROM events WHERE kind IN ('skipped', 'queued', 'queue_full', 'overlap')
+INSERT INTO rollups (job, stale) SELECT DISTINCT job, 1 FROM runs WHERE true ON CONFLICT (job) DO NOTHING;
+INSERT INTO rollups (job, stale) SELECT DISTINCT job, 1 FROM events WHERE kind IN ('skipped', 'queued', 'queue_full', 'overlap')
 ON CONFLICT (job) DO NOTHING;
