@@ -182,75 +182,59 @@ def time_audit(url: str, repeat: int) -> tuple[float, int, int]:
         store.close()
 
 
+def _end_store(backend: str, workdir: str, on: bool) -> tuple[Any, Callable[[], Any]]:
+    """A fresh store, with its rollup kept (``on``) or not, and how to remove it."""
+    from cronwarden.stores import open_store
+
+    tag = "on" if on else "off"
+    if backend == "sqlite":
+        path = os.path.join(workdir, f"ends-{tag}.db")
+        store = open_store(f"sqlite:///{path}")
+        if not on:
+            _sqlite_set_triggers(path, False, _sqlite_triggers(path))
+        return store, lambda: None
+    if backend == "postgres":
+        schema = f"cw_bench_{uuid.uuid4().hex[:12]}"
+        store = open_store(f"{audit.POSTGRES_URL}?schema={schema}")
+        if not on:
+            _pg_set_triggers(schema, False)
+        return store, lambda: audit._drop_schema(schema)
+    prefix = f"cw-bench-{uuid.uuid4().hex[:12]}:"
+    store = open_store(f"{REDIS_URL}?prefix={prefix}")
+    if not on:  # the same scripts with the rollup's upkeep switched off
+        scripts, client = store._scripts, store._client
+        upkeep = "ROLLUPS = {KEYS[9], KEYS[10], KEYS[11]}"
+        scripts.finish = client.register_script(scripts.finish.script.replace(upkeep, "ROLLUPS = false"))
+        scripts.acquire = client.register_script(scripts.acquire.script.replace(upkeep, "ROLLUPS = false"))
+    return store, lambda: _redis_cleanup(prefix)
+
+
 def time_ends(backend: str, workdir: str, ends: int, rounds: int) -> tuple[float, float]:
-    """(median ms of finish with the rollup, without it)."""
+    """(median ms of finish with the rollup, without it): two stores, one end
+    on each in turn (which goes first alternates), after a full window each."""
     from cronwarden.events import Outcome, new_id
     from cronwarden.policy import Policy
-    from cronwarden.stores import open_store
     from cronwarden.stores.base import End, Granted, Start
 
-    def cleanup() -> Any:
-        return None
-
-    if backend == "sqlite":
-        path = os.path.join(workdir, "ends.db")
-        url = f"sqlite:///{path}"
-    elif backend == "postgres":
-        schema = f"cw_bench_{uuid.uuid4().hex[:12]}"
-        url = f"{audit.POSTGRES_URL}?schema={schema}"
-
-        def cleanup() -> Any:
-            return audit._drop_schema(schema)
-    else:
-        prefix = f"cw-bench-{uuid.uuid4().hex[:12]}:"
-        url = f"{REDIS_URL}?prefix={prefix}"
-
-        def cleanup() -> Any:
-            return _redis_cleanup(prefix)
-
-    store = open_store(url)
-    triggers = _sqlite_triggers(path) if backend == "sqlite" else []
-    plain_scripts = None
-    if backend == "redis":
-        scripts = store._scripts  # type: ignore[attr-defined]
-        client = store._client  # type: ignore[attr-defined]
-        kept = scripts.finish, scripts.acquire
-        upkeep = "ROLLUPS = {KEYS[9], KEYS[10], KEYS[11]}"
-        off = [client.register_script(s.script.replace(upkeep, "ROLLUPS = false")) for s in kept]
-        plain_scripts = (kept, off)
-
-    def switch(on: bool) -> None:
-        if backend == "sqlite":
-            _sqlite_set_triggers(path, on, triggers)
-        elif backend == "postgres":
-            _pg_set_triggers(schema, on)
-        elif plain_scripts is not None:
-            scripts.finish, scripts.acquire = plain_scripts[0] if on else plain_scripts[1]
-
-    def one_round(on: bool, job: str) -> float:
-        switch(on)
-        t = time.time() - 86400
-        took = []
-        for n in range(ends):
-            g = store.acquire(Start(job, job, new_id(), "bench", 1, 60, t + n * 10, Policy.SKIP))
-            assert isinstance(g, Granted), g
-            end = End(Outcome.SUCCEEDED if n % 7 else Outcome.FAILED, t + n * 10 + 1.5, 0)
-            began = time.perf_counter()
-            store.finish(g.lease, end)
-            took.append(time.perf_counter() - began)
-        return statistics.median(took) * 1000
-
+    stores = [_end_store(backend, workdir, True), _end_store(backend, workdir, False)]
+    took: list[list[float]] = [[], []]
+    t = time.time() - 86400
     try:
-        # Each round's job has a full window first: the rollup's work is then its steady state.
-        with_rollup, without = [], []
-        for r in range(rounds):
-            with_rollup.append(one_round(True, f"on-{r}"))
-            without.append(one_round(False, f"off-{r}"))
-        switch(True)
-        return statistics.median(with_rollup), statistics.median(without)
+        for n in range(60 + ends * rounds):
+            for k in (0, 1) if n % 2 else (1, 0):
+                store = stores[k][0]
+                g = store.acquire(Start("bench", "bench", new_id(), "bench", 1, 60, t + n * 10, Policy.SKIP))
+                assert isinstance(g, Granted), g
+                end = End(Outcome.SUCCEEDED if n % 7 else Outcome.FAILED, t + n * 10 + 1.5 + n % 5, 0)
+                began = time.perf_counter()
+                store.finish(g.lease, end)
+                if n >= 60:  # the window is full: the rollup's steady state
+                    took[k].append(time.perf_counter() - began)
+        return statistics.median(took[0]) * 1000, statistics.median(took[1]) * 1000
     finally:
-        store.close()
-        cleanup()
+        for store, cleanup in stores:
+            store.close()
+            cleanup()
 
 
 def main() -> int:

@@ -149,7 +149,8 @@ FROM (SELECT %s AS job, %s::integer::boolean AS stale, %s::bigint AS ended, %s::
              %s::jsonb AS skip_times, %s::integer AS w_runs, %s::float8 AS w_oldest, %s::integer AS w_flagged,
              %s::integer AS w_completed, %s::jsonb AS w_outcomes, %s::jsonb AS w_durations, %s::float8 AS p50,
              %s::float8 AS p95, %s::float8 AS w_max, %s::float8 AS w_last_success, %s::jsonb AS recent) v
-WHERE {s}.rollups.job = v.job AND {s}.rollups.ended IS NOT DISTINCT FROM %s::bigint
-    AND {s}.rollups.last_start IS NOT DISTINCT FROM %s::float8 AND {s}.rollups.skips IS NOT DISTINCT FROM %s::bigint
-    AND {s}.rollups.last_refusal IS NOT DISTINCT FROM %s::float8
-    AND {s}.rollups.last_overlap IS NOT DISTINCT FROM %s::float8;
+WHERE {s}.rollups.job = v.job AND {s}.rollups.ended = %s::bigint
+    AND coalesce({s}.rollups.last_start, '-Infinity') = coalesce(%s::float8, '-Infinity')
+    AND {s}.rollups.skips = %s::bigint
+    AND coalesce({s}.rollups.last_refusal, '-Infinity') = coalesce(%s::float8, '-Infinity')
+    AND coalesce({s}.rollups.last_overlap, '-Infinity') = coalesce(%s::float8, '-Infinity');
