@@ -14,13 +14,20 @@ evaluation reads:
 ``open_runs()`` and ``jobs()`` are read once per pass for all jobs. So the
 cost of a pass grows with the number of jobs, not with the number of runs.
 
+Every job the ledger has runs or events of is a job (``Store.ledger_jobs``),
+described or not; a job with no schedule is judged for what needs no period.
+
 Findings are events (``slow``, ``skips_in_a_row``, ``missed``,
-``grace_too_wide``, ``stuck``, ``overlap``, ``policy_undecided``) with
+``grace_too_wide``, ``stuck``, ``overlap``, ``policy_undecided``,
+``failing``, ``too_often``) with
 ``data["state"]`` ``"raised"`` or ``"resolved"``. A finding is identified by
 (job, rule) or, for ``stuck`` and ``overlap``, by (job, rule, run id). Its
 current state is the state of its last event in the ledger, so a finding is
 recorded once when it becomes true and once when it stops, however many
-monitors or ``check`` passes look at it (no alert storms). An ``overlap``
+monitors or ``check`` passes look at it (no alert storms). While the job is
+snoozed (``Monitor.snooze``) or in a maintenance window, findings are still
+recorded, with ``data["snoozed"] = true``, and alerting sinks are not sent
+them (``cronwarden.sinks.route``). An ``overlap``
 event without a state (recorded by the store under policy allow, or by a
 report-only start) counts as raised: the monitor resolves it once the runs no
 longer overlap.
@@ -28,7 +35,8 @@ longer overlap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +51,7 @@ from cronwarden.monitor.rules import (
     RAISED,
     RESOLVED,
     Condition,
+    FailingRule,
     GraceTooWideRule,
     MissedRule,
     OverlapRule,
@@ -52,33 +61,45 @@ from cronwarden.monitor.rules import (
     SkipsInARowRule,
     SlowRule,
     StuckRule,
+    TooOftenRule,
 )
+from cronwarden.monitor.snooze import SNOOZE_KINDS, Snooze, snooze_at, snooze_event, unsnooze_event
 from cronwarden.monitor.stats import (
     ATTEMPT_KINDS,
+    BAD_OUTCOMES,
     COMPLETED,
     WINDOW_EVENT_KINDS,
+    Failing,
+    JobRules,
     JobStats,
     LazyDurations,
     Overlap,
     Stuck,
     Thresholds,
     Verdict,
+    failing_of,
     find_overlaps,
+    newest_slot,
     parse_schedule,
     partition,
     quantile,
+    slot_counts,
 )
 from cronwarden.stores.base import EventQuery, Store, abandon_expired
 from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup
 
 __all__ = [
+    "BAD_OUTCOMES",
     "DEFAULT_RULES",
     "FINDING_KINDS",
     "PER_RUN",
     "RAISED",
     "RESOLVED",
     "Condition",
+    "Failing",
+    "FailingRule",
     "GraceTooWideRule",
+    "JobRules",
     "JobStats",
     "MissedRule",
     "Monitor",
@@ -90,9 +111,11 @@ __all__ = [
     "Severity",
     "SkipsInARowRule",
     "SlowRule",
+    "Snooze",
     "Stuck",
     "StuckRule",
     "Thresholds",
+    "TooOftenRule",
     "Verdict",
     "find_overlaps",
     "parse_schedule",
@@ -118,7 +141,9 @@ class Pass:
 
     @property
     def severity(self) -> Severity:
-        return max((c.severity for c in self.active), default=Severity.OK)
+        """The worst finding that holds, snoozed ones left out: a snoozed
+        job pages no one, ``check`` included."""
+        return max((c.severity for c in self.active if not c.snoozed), default=Severity.OK)
 
 
 class Monitor:
@@ -127,6 +152,8 @@ class Monitor:
     ``store`` is a ``Store`` the caller owns. ``clock.wall()`` is read once per
     pass. ``extra_jobs`` adds jobs known from elsewhere (the config file) to
     those the store knows; they win over the store's record of the same name.
+    ``job_rules`` holds jobs' own monitoring settings (failure and recovery
+    thresholds, maintenance windows); other jobs get ``default_rules``.
     ``use_rollups``: read each job's statistics from the store's rollup where
     it answers them exactly (see ``_from_rollup``), the ledger otherwise;
     False reads the ledger for every job.
@@ -140,6 +167,8 @@ class Monitor:
         thresholds: Thresholds | None = None,
         rules: Sequence[Rule] = DEFAULT_RULES,
         extra_jobs: Sequence[JobInfo] = (),
+        job_rules: Mapping[str, JobRules] | None = None,
+        default_rules: JobRules | None = None,
         use_rollups: bool = True,
     ) -> None:
         self.store = store
@@ -148,6 +177,8 @@ class Monitor:
         self.thresholds = thresholds or Thresholds()
         self.rules = tuple(rules)
         self.extra_jobs = tuple(extra_jobs)
+        self.job_rules = dict(job_rules or {})
+        self.default_rules = default_rules or JobRules()
         self._schedules: dict[str, tuple[float | None, str | None]] = {}
 
     # -- statistics -------------------------------------------------------
@@ -165,9 +196,15 @@ class Monitor:
             return self._schedules[info.schedule]
         return info.period, None
 
+    def rules_of(self, job: str) -> JobRules:
+        return self.job_rules.get(job, self.default_rules)
+
     def known_jobs(self, open_runs: Sequence[RunRecord] = ()) -> dict[str, JobInfo | None]:
-        """Jobs the store describes, plus ``extra_jobs``, plus jobs with open runs."""
-        jobs: dict[str, JobInfo | None] = {j.name: j for j in self.store.jobs()}
+        """Jobs the store describes, plus ``extra_jobs``, plus every job the
+        ledger has runs or events of (described or not: None), plus jobs with
+        open runs."""
+        jobs: dict[str, JobInfo | None] = dict.fromkeys(self.store.ledger_jobs())
+        jobs.update({j.name: j for j in self.store.jobs()})
         for j in self.extra_jobs:
             known = jobs.get(j.name)
             if known is not None and not j.updated_at:  # keep when the store first heard of it
@@ -206,6 +243,7 @@ class Monitor:
         events: list[Event],
     ) -> JobStats:
         t = self.thresholds
+        rules = self.rules_of(job)
         period, schedule_error = self._period(info, now)
         # Open runs older than the window still count: a stuck run never ages out while open.
         seen = {r.run_id for r in recent}
@@ -264,10 +302,19 @@ class Monitor:
                     stuck.append(Stuck(run=found, why=found.detail or "lease expired, no terminal record"))
                     stuck_ids.add(e.run_id)
 
+        failing = failing_of((r for r in reversed(recent) if r.outcome is not None), rules)
+        schedule = info.schedule if info and info.schedule else (f"every {format_duration(period)}" if period
+                                                                   else None)  # fmt: skip
+        slots: tuple[tuple[float, int], ...] = ()
+        if schedule is not None and period and schedule_error is None:
+            # Queued starts are not counted: each one is counted when it starts.
+            attempts = [(r.started_at, r.slot) for r in window]
+            attempts += [(e.at, None) for e in events if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
+            slots = slot_counts(attempts, schedule, period)
+
         return JobStats(
             job=job, info=info, now=now, window_start=window_start,
-            schedule=info.schedule if info and info.schedule else (
-                f"every {format_duration(period)}" if period else None),
+            schedule=schedule,
             period=period, grace=t.grace(info, period), schedule_error=schedule_error,
             runs=len(window), completed=len(durations), durations=tuple(durations),
             p50=quantile(durations, 0.5) if durations else None,
@@ -280,6 +327,7 @@ class Monitor:
             last_start=last_start, last_attempt=last_attempt, last_success=last_success,
             overlap_list=tuple(overlap_list), stuck=tuple(stuck),
             events_truncated=len(events) >= t.event_limit,
+            rules=rules, failing=failing, slots=slots,
         )  # fmt: skip
 
     def _rollups(self) -> dict[str, Rollup]:
@@ -319,14 +367,29 @@ class Monitor:
         skips = sum(1 for x in times if x >= window_start)
         if skips >= t.event_limit:
             return None
-        period, schedule_error = self._period(info, now)
+        rules = self.rules_of(job)
         outcomes = dict(r.w_outcomes)
+        if any(outcomes.get(o.value, 0) for o in BAD_OUTCOMES):
+            # failing: decided without the window's order only once enough successes followed
+            need = rules.recovery_threshold
+            if r.good_in_a_row < need or outcomes.get(Outcome.SUCCEEDED, 0) < need:
+                return None
+        period, schedule_error = self._period(info, now)
+        schedule = info.schedule if info and info.schedule else (f"every {format_duration(period)}" if period
+                                                                   else None)  # fmt: skip
+        slots: tuple[tuple[float, int], ...] = ()
+        if schedule is not None and period and schedule_error is None:
+            import json
+
+            attempts = [(a[0], a[1]) for a in json.loads(r.attempts) if a[0] >= window_start]
+            slots = newest_slot(attempts, schedule, period)
+            if slots and slots[0][1] > 1:  # crowded, maybe: every slot's count, as the ledger gives them
+                slots = slot_counts(attempts, schedule, period)
         refusal = r.last_refusal if r.last_refusal is not None and r.last_refusal >= window_start else None
         last_attempt = max((x for x in (r.last_start, refusal) if x is not None), default=None)
         return JobStats(
             job=job, info=info, now=now, window_start=window_start,
-            schedule=info.schedule if info and info.schedule else (
-                f"every {format_duration(period)}" if period else None),
+            schedule=schedule,
             period=period, grace=t.grace(info, period), schedule_error=schedule_error,
             runs=r.w_runs, completed=r.w_completed, durations=LazyDurations(r),
             p50=r.p50, p95=r.p95, max=r.w_max, outcomes=outcomes,
@@ -334,6 +397,7 @@ class Monitor:
             lease_losses=outcomes.get(Outcome.LEASE_LOST, 0),
             skips=skips, skips_in_a_row=r.skips_in_a_row, overlaps=0, open_runs=0,
             last_start=r.last_start, last_attempt=last_attempt, last_success=r.w_last_success,
+            rules=rules, failing=None, slots=slots,
         )  # fmt: skip
 
     def audit(self) -> list[JobStats]:
@@ -353,16 +417,40 @@ class Monitor:
 
     def states(self, job: str) -> dict[tuple[EventKind, str | None], Event]:
         """The last finding event of each (rule, run id) of ``job``: its state."""
+        return self._states(job)[0]
+
+    def _states(self, job: str) -> tuple[dict[tuple[EventKind, str | None], Event], list[Event]]:
+        """The finding states of ``job`` and its snooze events, in one read."""
         found = self.store.events(
-            EventQuery(job=job, kinds=FINDING_KINDS, limit=self.thresholds.finding_limit)
+            EventQuery(job=job, kinds=(*FINDING_KINDS, *SNOOZE_KINDS), limit=self.thresholds.finding_limit)
         )
         found.sort(key=lambda e: (e.at, e.seq or 0))
         last: dict[tuple[EventKind, str | None], Event] = {}
+        snoozes = [e for e in found if e.kind in SNOOZE_KINDS]
         for e in found:
+            if e.kind in SNOOZE_KINDS:
+                continue
             if "state" not in e.data and e.kind is not EventKind.OVERLAP:
                 continue  # a fact (e.g. a scheduler's missed slot), not a finding
             last[(e.kind, e.run_id if e.kind in PER_RUN else None)] = e
-        return last
+        return last, snoozes
+
+    def snooze_of(self, job: str) -> Snooze | None:
+        """The job's snooze or maintenance window now, if any."""
+        return snooze_at(self.clock.wall(), self._states(job)[1], self.rules_of(job).maintenance)
+
+    def snooze(self, job: str, seconds: float, *, by: str = "", reason: str = "") -> Event:
+        """Record that ``job``'s findings are not delivered to alerting sinks
+        for ``seconds`` from now (they are still recorded and shown)."""
+        event = snooze_event(job, self.clock.wall(), seconds, by=by, reason=reason)
+        self.store.record(event)
+        return event
+
+    def unsnooze(self, job: str, *, by: str = "", reason: str = "") -> Event:
+        """End ``job``'s snooze now (a maintenance window still holds in its hours)."""
+        event = unsnooze_event(job, self.clock.wall(), by=by, reason=reason)
+        self.store.record(event)
+        return event
 
     def evaluate(self, *, record: bool = True) -> Pass:
         """One pass over every job: statistics, rules, and the findings that
@@ -389,7 +477,13 @@ class Monitor:
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:
                 abandoned.extend(self._abandon_expired(stats, now))
-            states = self.states(name)
+            states, snoozes = self._states(name)
+            snoozed = snooze_at(now, snoozes, stats.rules.maintenance)
+            if snoozed is not None:
+                stats = dataclasses.replace(stats, snooze=snoozed)
+                all_stats[-1] = stats
+                conditions = [dataclasses.replace(c, snoozed=True) for c in conditions]
+            mark: dict[str, Any] = {} if snoozed is None else {"snoozed": True, "snooze": snoozed.as_dict()}
             # An ended run's finding that was resolved (acknowledged) stays resolved.
             conditions = [
                 c for c in conditions
@@ -404,7 +498,7 @@ class Monitor:
                 event = Event(
                     kind=c.rule, job=name, run_id=c.run_id, at=now,
                     data={"state": RAISED, "severity": c.severity.name.lower(), "summary": c.summary,
-                          **c.data},
+                          **c.data, **mark},
                 )  # fmt: skip
                 raised.append(event)
             for o in stats.overlap_list:
@@ -416,6 +510,7 @@ class Monitor:
                         "severity": c.severity.name.lower(),
                         "summary": c.summary,
                         **c.data,
+                        **mark,
                     }
                     raised.append(Event(kind=c.rule, job=name, run_id=c.run_id, at=now, data=fact))
                     states[c.key] = raised[-1]
@@ -431,6 +526,10 @@ class Monitor:
                 gone: dict[str, Any] = {"state": RESOLVED, "raised_at": last.at,
                                         "summary": _resolution(rule, run_id)}  # fmt: skip
                 gone.update({k: last.data[k] for k in ("holder_run_id", "run_ids") if k in last.data})
+                if mark or last.data.get("snoozed") is True:
+                    # Now snoozed, or raised while snoozed (never delivered): the resolution
+                    # alone would be news of something nobody was told.
+                    gone.update(mark or {"snoozed": True})
                 resolved.append(Event(kind=rule, job=name, run_id=run_id, at=now, data=gone))
         if record:
             for event in (*raised, *resolved):
@@ -476,4 +575,6 @@ def _resolution(rule: EventKind, run_id: str | None) -> str:
         EventKind.STUCK: f"run {run_id} ended",
         EventKind.OVERLAP: f"run {run_id} no longer overlaps an earlier run",
         EventKind.POLICY_UNDECIDED: "the policy has a reason, or the period is over twice the p95",
+        EventKind.FAILING: "runs succeed again (the recovery threshold in a row)",
+        EventKind.TOO_OFTEN: "a slot had one start",
     }.get(rule, "no longer holds")

@@ -30,6 +30,26 @@ ON CONFLICT (name) DO UPDATE SET
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at
 FROM {s}.jobs ORDER BY name;
 
+-- name: ledger_jobs --
+-- The distinct jobs of runs and of events, one index probe per job (a loose
+-- index scan over runs (job, started_at) and events (job, at)), not a scan
+-- of the ledger.
+WITH RECURSIVE
+    r(job) AS (
+        SELECT min(job) FROM {s}.runs
+        UNION ALL
+        SELECT (SELECT min(job) FROM {s}.runs WHERE job > r.job) FROM r WHERE r.job IS NOT NULL
+    ),
+    e(job) AS (
+        SELECT min(job) FROM {s}.events
+        UNION ALL
+        SELECT (SELECT min(job) FROM {s}.events WHERE job > e.job) FROM e WHERE e.job IS NOT NULL
+    )
+SELECT job FROM r WHERE job IS NOT NULL
+UNION
+SELECT job FROM e WHERE job IS NOT NULL
+ORDER BY 1;
+
 -- name: job --
 -- One job by the primary key: every `cronwarden run` asks for its own.
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at
@@ -52,7 +72,7 @@ SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;
 SELECT job, stale, ended, CAST(outcomes AS TEXT), completed, duration_sum, last_start, last_success,
        bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, CAST(skip_times AS TEXT),
        w_runs, w_oldest, w_flagged, w_completed, CAST(w_outcomes AS TEXT), CAST(w_durations AS TEXT), p50, p95,
-       w_max, w_last_success
+       w_max, w_last_success, CAST(attempts AS TEXT)
 FROM {s}.rollups ORDER BY job;
 
 -- name: rollup_version --

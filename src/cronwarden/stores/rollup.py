@@ -30,6 +30,9 @@ ROLLUP_RUNS = 50
 """Ended runs in a rollup's window (the monitor's default ``--runs``)."""
 ROLLUP_SKIPS = 50
 """Refused starts (``skipped``) whose times a rollup keeps."""
+ROLLUP_ATTEMPTS = 16
+"""Latest attempts (starts, ``skipped``, ``queue_full``) a rollup keeps with
+their slots: what ``monitor.stats.slot_counts`` looks at."""
 
 COMPLETED_OUTCOMES = ("succeeded", "failed", "timed_out")
 """Outcomes whose duration is the work's own (``monitor.stats.COMPLETED``)."""
@@ -37,6 +40,8 @@ BAD_OUTCOMES = ("failed", "lease_lost", "timed_out", "abandoned", "interrupted")
 """Endings that lengthen ``bad_in_a_row``; ``succeeded`` ends it; ``replaced``
 and ``stopped`` change neither streak."""
 REFUSAL_KINDS = (EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL)
+ROLLUP_EVENT_KINDS = (EventKind.STARTED, *REFUSAL_KINDS, EventKind.OVERLAP)
+"""The events a rebuild folds (``fold``)."""
 
 
 class Rollup(NamedTuple):
@@ -80,6 +85,10 @@ class Rollup(NamedTuple):
     p95: float | None = None
     w_max: float | None = None
     w_last_success: float | None = None
+    attempts: str = "[]"
+    """The latest ``ROLLUP_ATTEMPTS`` attempts as a JSON array of [time,
+    slot or null], in the order recorded: each start (with its run's slot),
+    ``skipped`` and ``queue_full`` (without)."""
 
     def durations(self) -> tuple[float, ...]:
         return tuple(float(x) for x in json.loads(self.w_durations))
@@ -133,14 +142,16 @@ Entry = tuple[float, float, str, int]
 
 
 def fold(
-    job: str, starts: Iterable[float], ended: Iterable[RunRecord], refusals: Iterable[Any]
+    job: str, runs: Iterable[RunRecord], ended: Iterable[RunRecord], events: Iterable[Any]
 ) -> tuple[Rollup, list[Entry]]:
     """The rollup of a ledger read back: ``ended`` runs in the order they
     ended (runs that ended at the same instant: in the order they started;
-    the store folded them in the order their ends were written), ``starts`` every run's start time, ``refusals`` the job's
-    ``skipped``/``queued``/``queue_full``/``overlap`` events in the order
-    recorded. Starts and refusals interleave only through ``skips_in_a_row``,
-    which counts the skips at or after the latest start, whenever written.
+    the store folded them in the order their ends were written), ``runs``
+    every run, ``events`` the job's ``started``, ``skipped``, ``queued``,
+    ``queue_full`` and ``overlap`` events (``ROLLUP_EVENT_KINDS``), each with
+    its ``seq``: they are folded in the order recorded. Starts and refusals
+    interleave only through ``skips_in_a_row``, which counts the skips at or
+    after the latest start, whenever written.
     Returns the rollup and its window's entries."""
     outcomes: dict[str, int] = {}
     recent: list[Entry] = []
@@ -162,12 +173,21 @@ def fold(
             bad, good = bad + 1, 0
         kept = recent[len(recent) - ROLLUP_RUNS + 1 :] if len(recent) >= ROLLUP_RUNS else recent
         recent = [*kept, entry(r, kept)]
-    last_start = max(starts, default=None)
+    by_id = {r.run_id: r for r in runs}
+    last_start = max((r.started_at for r in by_id.values()), default=None)
+    attempts: list[tuple[float, float | None]] = []
     skips = 0
     skip_times: list[float] = []
     last_refusal: float | None = None
     last_overlap: float | None = None
-    for e in refusals:
+    for e in sorted(events, key=lambda e: e.seq or 0):
+        if e.kind is EventKind.STARTED:
+            run = by_id.get(e.run_id or "")
+            if run is not None:
+                attempts.append((run.started_at, run.slot))
+            continue
+        if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL):
+            attempts.append((e.at, None))
         if e.kind is EventKind.OVERLAP:
             last_overlap = e.at if last_overlap is None else max(last_overlap, e.at)
             continue
@@ -181,6 +201,7 @@ def fold(
         last_success=last_success, bad_in_a_row=bad, good_in_a_row=good, skips=skips,
         skips_in_a_row=in_a_row, last_refusal=last_refusal, last_overlap=last_overlap,
         skip_times=tuple(skip_times[-ROLLUP_SKIPS:]), **window_of(recent),
+        attempts=json.dumps([list(a) for a in attempts[-ROLLUP_ATTEMPTS:]]),
     )  # fmt: skip
     return rollup, recent
 
@@ -201,7 +222,7 @@ def from_row(row: Sequence[Any]) -> Rollup:
     """A rollup from the ``rollups`` query's columns (JSON ones as text)."""
     (job, stale, ended, outcomes, completed, duration_sum, last_start, last_success, bad, good, skips,
      in_a_row, last_refusal, last_overlap, skip_times, w_runs, w_oldest, w_flagged, w_completed, w_outcomes,
-     w_durations, p50, p95, w_max, w_last_success) = row  # fmt: skip
+     w_durations, p50, p95, w_max, w_last_success, attempts) = row  # fmt: skip
     return Rollup(
         job=job, stale=bool(stale), ended=ended, outcomes=json.loads(outcomes), completed=completed,
         duration_sum=duration_sum, last_start=last_start, last_success=last_success, bad_in_a_row=bad,
@@ -209,6 +230,7 @@ def from_row(row: Sequence[Any]) -> Rollup:
         last_overlap=last_overlap, skip_times=tuple(json.loads(skip_times)), w_runs=w_runs, w_oldest=w_oldest,
         w_flagged=w_flagged or 0, w_completed=w_completed, w_outcomes=json.loads(w_outcomes),
         w_durations=w_durations, p50=p50, p95=p95, w_max=w_max, w_last_success=w_last_success,
+        attempts=attempts,
     )  # fmt: skip
 
 
@@ -220,4 +242,5 @@ def summary_json(rollup: Rollup) -> str:
     del fields["job"], fields["w_durations"]
     fields["outcomes"], fields["w_outcomes"] = dict(rollup.outcomes), dict(rollup.w_outcomes)
     fields["skip_times"] = list(rollup.skip_times)
+    fields["attempts"] = json.loads(rollup.attempts)
     return json.dumps(fields, separators=(",", ":"))

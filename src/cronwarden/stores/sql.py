@@ -234,6 +234,10 @@ class SqlStore(Store):
     def jobs(self) -> list[JobInfo]:
         return [JobInfo._make(row) for row in self._fetch(self._shared["jobs"], ())]
 
+    def ledger_jobs(self) -> list[str]:
+        # ":" cannot occur in a job name: those are delivery events' sink:NAME.
+        return [row[0] for row in self._fetch(self._shared["ledger_jobs"], ()) if ":" not in row[0]]
+
     def job(self, name: str) -> JobInfo | None:
         rows = self._fetch(self._shared["job"], (name,))
         return JobInfo._make(rows[0]) if rows else None
@@ -259,17 +263,18 @@ class SqlStore(Store):
         return {row[0]: from_row(row) for row in self._fetch(self._shared["rollups"], ())}
 
     def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
-        from cronwarden.stores.rollup import REFUSAL_KINDS, fold
+        from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold
 
         names = [r[0] for r in self._fetch(self._shared["rollup_jobs"], ())] if jobs is None else jobs
-        kinds = (*REFUSAL_KINDS, EventKind.OVERLAP)
         for job in names:
             for _ in range(REBUILD_TRIES):
                 seen = self._fetch(self._shared["rollup_version"], (job,))
                 runs = self.runs(job, 2**62)
                 ended = sorted((r for r in runs if r.outcome is not None), key=_end_order)
-                refusals = self.events(EventQuery(job=job, kinds=kinds, newest_first=False, limit=2**62))
-                rollup, recent = fold(job, (r.started_at for r in runs), ended, refusals)
+                events = self.events(
+                    EventQuery(job=job, kinds=ROLLUP_EVENT_KINDS, newest_first=False, limit=2**62)
+                )
+                rollup, recent = fold(job, runs, ended, events)
                 if self._save_rollup(rollup, recent, tuple(seen[0]) if seen else None):
                     break
             else:

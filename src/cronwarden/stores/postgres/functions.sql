@@ -433,10 +433,14 @@ CREATE TRIGGER rollup_end AFTER UPDATE OF outcome ON {s}.runs
     FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
     EXECUTE FUNCTION {s}.rollup_end();
 
--- A run starts: the latest start, and the skips at or after it.
+-- A run starts: an attempt, the latest start, and the skips at or after it.
 CREATE FUNCTION {s}.rollup_start() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO {s}.rollups (job) VALUES (NEW.job) ON CONFLICT (job) DO NOTHING;
+    UPDATE {s}.rollups SET attempts = CASE WHEN jsonb_array_length(attempts) >= 16 THEN attempts - 0
+                                           ELSE attempts END
+                                      || jsonb_build_array(jsonb_build_array(NEW.started_at, NEW.slot))
+    WHERE job = NEW.job;
     UPDATE {s}.rollups SET
         skips_in_a_row = (SELECT count(*) FROM jsonb_array_elements(skip_times) t
                           WHERE t::text::double precision >= NEW.started_at),
@@ -458,6 +462,10 @@ BEGIN
         skips = skips + (NEW.kind = 'skipped')::integer,
         skips_in_a_row = skips_in_a_row
             + (NEW.kind = 'skipped' AND (last_start IS NULL OR NEW.at >= last_start))::integer,
+        attempts = CASE WHEN NEW.kind NOT IN ('skipped', 'queue_full') THEN attempts
+                        WHEN jsonb_array_length(attempts) >= 16
+                        THEN (attempts - 0) || jsonb_build_array(jsonb_build_array(NEW.at, NULL))
+                        ELSE attempts || jsonb_build_array(jsonb_build_array(NEW.at, NULL)) END,
         skip_times = CASE WHEN NEW.kind <> 'skipped' THEN skip_times
                           WHEN jsonb_array_length(skip_times) >= 50 THEN (skip_times - 0) || to_jsonb(NEW.at)
                           ELSE skip_times || to_jsonb(NEW.at) END

@@ -157,5 +157,6 @@ CREATE TABLE {s}.rollups (
     p50            double precision,
     p95            double precision,
     w_max          double precision,
-    w_last_success double precision
+    w_last_success double precision,
+    attempts       jsonb NOT NULL DEFAULT '[]'  -- the latest 16 attempts: [time, slot or null]
 );

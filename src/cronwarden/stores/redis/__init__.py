@@ -78,6 +78,8 @@ from cronwarden.stores.base import (
     Refused,
     Start,
     Store,
+    is_side_lease,
+    side_lease_key,
 )
 
 from .client import (
@@ -261,7 +263,7 @@ class RedisStore(Store):
 
     def acquire(self, start: Start) -> Granted | Refused:
         p = self.prefix
-        side = f"{start.key}+{start.run_id}"
+        side = side_lease_key(start.key, start.run_id)
         keys = self._ledger_keys(start.key, start.job)
         if start.policy is Policy.ALLOW:  # the side lease: declared only when it may be touched
             keys += [f"{p}lease:{side}", f"{p}live:{side}"]
@@ -311,7 +313,7 @@ class RedisStore(Store):
             data += f',"detail":{detail}'
         if end.replaced_by:
             data += f',"replaced_by":{json.dumps(end.replaced_by)}'
-        side = "+" in lease.key and lease.key.endswith("+" + lease.run_id)
+        side = is_side_lease(lease.key, lease.run_id)
         kind = end.outcome.event.value
         fields = [lease.run_id, lease.job, lease.key, kind, ending, repr(at), ordhex(at), data, new_id(),
                   "1" if side else "0"]  # fmt: skip
@@ -569,6 +571,11 @@ class RedisStore(Store):
         [raw] = self._read(lambda pipe: pipe.hgetall(self._k_jobs))
         return [JobInfo(**json.loads(raw[name])) for name in sorted(raw)]
 
+    def ledger_jobs(self) -> list[str]:
+        # Every job with a run has events (its start), so the ledger's jobs are the event jobs;
+        # ":" cannot occur in a job name: those are delivery events' sink:NAME.
+        return [job for job in self._ledger_jobs() if ":" not in job]
+
     def job(self, name: str) -> JobInfo | None:
         [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))
         return None if raw is None else JobInfo(**json.loads(raw))
@@ -585,6 +592,7 @@ class RedisStore(Store):
         for job in sorted(summaries):
             fields = json.loads(summaries[job])
             fields["skip_times"] = tuple(fields["skip_times"])
+            fields["attempts"] = json.dumps(fields.get("attempts", []))
             out[job] = Rollup(job=job, w_durations=durations.get(job, "[]"), **fields)
         return out
 
@@ -593,20 +601,21 @@ class RedisStore(Store):
         return None if seen is None else str(seen)
 
     def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
-        from cronwarden.stores.rollup import REFUSAL_KINDS, fold, summary_json
+        from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold, summary_json
 
         if jobs is None:
             [known] = self._read(lambda pipe: pipe.hkeys(self._k_rollups[0]))
             jobs = sorted(set(known) | set(self._ledger_jobs()))
-        kinds = (*REFUSAL_KINDS, EventKind.OVERLAP)
         for job in jobs:
             for _ in range(20):
                 seen = self._rollup_seen(job)
                 runs = self.runs(job, 2**62)
                 ended = sorted((r for r in runs if r.outcome is not None),
                                key=lambda r: (r.ended_at or 0.0, r.started_at, r.run_id))  # fmt: skip
-                refusals = self.events(EventQuery(job=job, kinds=kinds, newest_first=False, limit=2**62))
-                rollup, recent = fold(job, (r.started_at for r in runs), ended, refusals)
+                events = self.events(
+                    EventQuery(job=job, kinds=ROLLUP_EVENT_KINDS, newest_first=False, limit=2**62)
+                )
+                rollup, recent = fold(job, runs, ended, events)
                 window = json.dumps([list(e) for e in recent])
                 args = [job, seen or "", summary_json(rollup), rollup.w_durations, window]
                 if self._call(self._scripts.save_rollup, self._k_rollups, args):

@@ -7,7 +7,7 @@
 -- Numbers are written with 17 significant digits: cjson would keep 14.
 local ROLLUPS = false  -- the script sets {summary, durations, window}
 
-local ROLLUP_RUNS, ROLLUP_SKIPS = 50, 50
+local ROLLUP_RUNS, ROLLUP_SKIPS, ROLLUP_ATTEMPTS = 50, 50, 16
 local COMPLETED = {succeeded = true, failed = true, timed_out = true}
 local BAD = {failed = true, lease_lost = true, timed_out = true, abandoned = true, interrupted = true}
 local TERMINAL = {succeeded = true, failed = true, lease_lost = true, replaced = true, timed_out = true,
@@ -30,6 +30,12 @@ local function counts(t)
   return '{' .. table.concat(p, ',') .. '}'
 end
 
+local function attempts_json(a)
+  local p = {}
+  for i, x in ipairs(a) do p[i] = '[' .. num(x[1]) .. ',' .. num(x[2]) .. ']' end
+  return '[' .. table.concat(p, ',') .. ']'
+end
+
 local function no_nulls(t)
   for k, v in pairs(t) do if v == cjson.null then t[k] = nil end end
   return t
@@ -50,14 +56,23 @@ local function rollup_of(job)
   local raw = redis.call('HGET', ROLLUPS[1], job)
   if raw then
     r = no_nulls(cjson.decode(raw))
+    for _, a in ipairs(r.attempts) do if a[2] == cjson.null then a[2] = nil end end
     r.window = cjson.decode(redis.call('HGET', ROLLUPS[3], job) or '[]')
   else
     r = {stale = false, ended = 0, outcomes = {}, completed = 0, duration_sum = 0, bad_in_a_row = 0,
-      good_in_a_row = 0, skips = 0, skips_in_a_row = 0, skip_times = {}, w_outcomes = {}, window = {}}
+      good_in_a_row = 0, skips = 0, skips_in_a_row = 0, skip_times = {}, w_outcomes = {}, window = {},
+      attempts = {}}
   end
   r.durations = {}
   LOADED[job] = r
   return r
+end
+
+-- An attempt: [time, slot or nil]; the latest ROLLUP_ATTEMPTS are kept.
+local function rollup_attempt(r, at, slot)
+  local a = r.attempts
+  if #a >= ROLLUP_ATTEMPTS then table.remove(a, 1) end
+  a[#a + 1] = {at, slot}
 end
 
 local function rollup_start(r, at)
@@ -126,9 +141,15 @@ local function rollup_apply(events)
   for _, e in ipairs(events) do
     local kind, job, at, ends = e[3], e[4], tonumber(e[6]), e[10]
     if kind == 'started' then
-      rollup_start(rollup_of(job), at); touched = true
+      local r = rollup_of(job)
+      rollup_start(r, at)
+      rollup_attempt(r, at, tonumber(string.match(e[8], '"slot":([^,}]+)')))
+      touched = true
     elseif kind == 'skipped' or kind == 'queued' or kind == 'queue_full' or kind == 'overlap' then
-      rollup_refusal(rollup_of(job), kind, at); touched = true
+      local r = rollup_of(job)
+      rollup_refusal(r, kind, at)
+      if kind ~= 'queued' and kind ~= 'overlap' then rollup_attempt(r, at, nil) end
+      touched = true
     elseif TERMINAL[kind] and ends then
       rollup_end(rollup_of(job), job, kind, tonumber(ends[1]), at, ends[2]); touched = true
     end
@@ -147,7 +168,8 @@ local function rollup_apply(events)
       .. ',"w_runs":' .. num(r.w_runs or 0) .. ',"w_oldest":' .. num(r.w_oldest)
       .. ',"w_flagged":' .. num(r.w_flagged or 0) .. ',"w_completed":' .. num(r.w_completed or 0)
       .. ',"w_outcomes":' .. counts(r.w_outcomes) .. ',"p50":' .. num(r.p50) .. ',"p95":' .. num(r.p95)
-      .. ',"w_max":' .. num(r.w_max) .. ',"w_last_success":' .. num(r.w_last_success) .. '}'
+      .. ',"w_max":' .. num(r.w_max) .. ',"w_last_success":' .. num(r.w_last_success)
+      .. ',"attempts":' .. attempts_json(r.attempts) .. '}'
     if r.changed_window then
       local entries = {}
       for i, e in ipairs(r.window) do

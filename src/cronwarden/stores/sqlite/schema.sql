@@ -162,7 +162,8 @@ CREATE TABLE rollups (
     p50            REAL,
     p95            REAL,
     w_max          REAL,
-    w_last_success REAL
+    w_last_success REAL,
+    attempts       TEXT NOT NULL DEFAULT '[]'  -- the latest 16 attempts: [time, slot or null]
 ) WITHOUT ROWID;
 -- The window: each job's last 50 ended runs, one row per place in the ring
 -- (the run's end counted from 0, mod 50), so the statistics are computed
@@ -235,10 +236,15 @@ BEGIN
     WHERE job = new.job;
 END;
 
--- A run starts: the latest start, and the skips at or after it.
+-- A run starts: an attempt, the latest start, and the skips at or after it.
 CREATE TRIGGER rollup_start AFTER INSERT ON runs
 BEGIN
     INSERT INTO rollups (job) VALUES (new.job) ON CONFLICT (job) DO NOTHING;
+    UPDATE rollups SET attempts = json_insert(
+        CASE WHEN json_array_length(attempts) >= 16 THEN json_remove(attempts, '$[0]') ELSE attempts END,
+        '$[#]', json_array(json(printf('%!.17g', new.started_at)),
+                           CASE WHEN new.slot IS NULL THEN NULL ELSE json(printf('%!.17g', new.slot)) END))
+    WHERE job = new.job;
     UPDATE rollups SET
         skips_in_a_row = (SELECT count(*) FROM json_each(skip_times) WHERE value >= new.started_at),
         last_start = new.started_at
@@ -259,6 +265,9 @@ BEGIN
                             ELSE last_refusal END,
         skips = skips + (new.kind = 'skipped'),
         skips_in_a_row = skips_in_a_row + (new.kind = 'skipped' AND (last_start IS NULL OR new.at >= last_start)),
+        attempts = CASE WHEN new.kind NOT IN ('skipped', 'queue_full') THEN attempts ELSE json_insert(
+            CASE WHEN json_array_length(attempts) >= 16 THEN json_remove(attempts, '$[0]') ELSE attempts END,
+            '$[#]', json_array(json(printf('%!.17g', new.at)), NULL)) END,
         skip_times = CASE WHEN new.kind <> 'skipped' THEN skip_times ELSE json_insert(
             CASE WHEN json_array_length(skip_times) >= 50 THEN json_remove(skip_times, '$[0]') ELSE skip_times END,
             '$[#]', json(printf('%!.17g', new.at))) END
