@@ -48,6 +48,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "ack": ("cronwarden.cli.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),
     "rollup": ("cronwarden.cli.rollup", "each job's statistics the store keeps as runs end; --rebuild"),
+    "snooze": (
+        "cronwarden.cli.snooze",
+        "keep a job's findings from alerting sinks for a while, with a reason",
+    ),
+    "unsnooze": ("cronwarden.cli.snooze", "end a job's snooze now"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""
@@ -105,6 +110,12 @@ def _overview() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and any("@" in a or "assword" in a for a in args):
+        # Before anything else, for as long as this process and its keeper
+        # live: a store URL's password off the world-readable command line.
+        from cronwarden.cli.cmdline import hide_passwords
+
+        hide_passwords()
     try:
         if not args or args[0] in ("-h", "--help", "help"):
             print(_overview())

@@ -158,7 +158,8 @@ class SqliteStore(SqlStore):
             what = "a directory" if os.path.isdir(self.path) else "not a regular file"
             raise StoreError(f"SQLite store {self.path} is {what}; expected a database file path")
         try:
-            os.makedirs(parent, exist_ok=True)
+            if not exists:
+                _create_private(parent, self.path)
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
             )
@@ -436,9 +437,41 @@ class SqliteStore(SqlStore):
                     self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             except sqlite3.Error as e:
                 raise _store_error(self.path, e) from None
-        if row is not None and row[0] == lease.run_id and row[1] is not None:
-            raise LeaseRevoked(lease.key, row[1])
-        raise LeaseLost(lease.key, "expired or taken by another run")
+        raise _refused(lease, row)
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
+        if not leases:
+            return []
+        now, boot = self._now()
+        # As renew: wait for the write lock at most a tenth of the shortest ttl.
+        busy_ms = max(20, int(min(lease.ttl for lease in leases) * 100))
+        q = self._q
+        out: list[LeaseLost | None] = []
+        with self._lock:
+            db = self._db
+            try:
+                db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                try:
+                    # One transaction: one write lock, one commit for the batch.
+                    db.execute("BEGIN IMMEDIATE")
+                    try:
+                        for lease in leases:
+                            args = (now + lease.ttl, lease.key, lease.run_id, boot, now)
+                            if db.execute(q["renew"], args).rowcount == 1:
+                                out.append(None)
+                                continue
+                            row = db.execute(q["lease_owner"], (lease.key,)).fetchone()
+                            out.append(_refused(lease, row))
+                        db.execute("COMMIT")
+                    except BaseException:
+                        if db.in_transaction:
+                            db.execute("ROLLBACK")
+                        raise
+                finally:
+                    db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+        return out
 
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
         q = self._q
@@ -694,6 +727,13 @@ class _Transaction:
             store._lock.release()
 
 
+def _refused(lease: Lease, row: Sequence[Any] | None) -> LeaseLost:
+    """Why a renewal matched no row, from the lease's ``(owner, revoked_by)``."""
+    if row is not None and row[0] == lease.run_id and row[1] is not None:
+        return LeaseRevoked(lease.key, row[1])
+    return LeaseLost(lease.key, "expired or taken by another run")
+
+
 def _left(expires: float | None, lease_boot: str | None, now: float, boot: str) -> float | None:
     """Seconds left on a lease by the store's clock; an earlier boot's lease
     has expired (every process of that boot is gone)."""
@@ -704,6 +744,18 @@ def _left(expires: float | None, lease_boot: str | None, now: float, boot: str) 
 
 def _lease(start: Start, token: int) -> Lease:
     return Lease(key=start.key, job=start.job, run_id=start.run_id, token=token, ttl=start.ttl)
+
+
+def _create_private(parent: str, path: str) -> None:
+    """The ledger's directories (0700) and file (0600), when cronwarden makes
+    them: runs' commands, hosts and events are nobody else's business, and
+    SQLite gives the ``-wal`` and ``-shm`` files the database file's mode."""
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return  # another process made it first
+    os.close(fd)
 
 
 def _store_error(path: str, e: sqlite3.Error) -> StoreError:
