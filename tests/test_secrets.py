@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,11 @@ def _scan(tmp_path: Path) -> list[str]:
 
 
 def _seen(tmp_path: Path) -> dict[str, list[str]]:
-    seen: dict[str, list[str]] = json.loads((tmp_path / "seen.json").read_text())
+    path = tmp_path / "seen.json"
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # a detached run may outlive its scheduler
+    seen: dict[str, list[str]] = json.loads(path.read_text())
     return seen
 
 
@@ -115,10 +120,14 @@ def test_pass_store_gives_the_command_the_store(store_url: str, tmp_path: Path) 
 
 
 @postgres_only
-def test_the_scheduler_passes_the_store_to_its_runs_through_a_pipe(store_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_scheduled_runs_command_sees_no_password(store_url: str, tmp_path: Path, detach: bool) -> None:
+    """In the scheduler's process, or detached (a ``cronwarden run`` child,
+    given the store through an inherited pipe)."""
     url = _secret_url(store_url)
     config = tmp_path / "cronwarden.toml"
-    config.write_text(f'[jobs.tick]\nevery = "1m"\nttl = "30s"\ncommand = {json.dumps(_scan(tmp_path))}\n')
+    config.write_text(f'[jobs.tick]\nevery = "1m"\nttl = "30s"\ndetach = {str(detach).lower()}\n'
+                      f'command = {json.dumps(_scan(tmp_path))}\n')  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("CRONWARDEN_")}
     argv = [*CLI, "scheduler", "--config", str(config), "--store", url, "--for", "1s"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
@@ -128,6 +137,9 @@ def test_the_scheduler_passes_the_store_to_its_runs_through_a_pipe(store_url: st
     assert seen["found"] == [] and seen["own"] == [], seen
     assert not any("STORE" in k for k in seen["env"])
     with open_store(store_url) as store:
+        deadline = time.monotonic() + 30
+        while store.open_runs("tick") and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert [r.outcome for r in store.runs("tick")] == [Outcome.SUCCEEDED]
 
 

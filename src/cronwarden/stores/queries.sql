@@ -30,6 +30,26 @@ ON CONFLICT (name) DO UPDATE SET
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at
 FROM {s}.jobs ORDER BY name;
 
+-- name: ledger_jobs --
+-- The distinct jobs of runs and of events, one index probe per job (a loose
+-- index scan over runs (job, started_at) and events (job, at)), not a scan
+-- of the ledger.
+WITH RECURSIVE
+    r(job) AS (
+        SELECT min(job) FROM {s}.runs
+        UNION ALL
+        SELECT (SELECT min(job) FROM {s}.runs WHERE job > r.job) FROM r WHERE r.job IS NOT NULL
+    ),
+    e(job) AS (
+        SELECT min(job) FROM {s}.events
+        UNION ALL
+        SELECT (SELECT min(job) FROM {s}.events WHERE job > e.job) FROM e WHERE e.job IS NOT NULL
+    )
+SELECT job FROM r WHERE job IS NOT NULL
+UNION
+SELECT job FROM e WHERE job IS NOT NULL
+ORDER BY 1;
+
 -- name: job --
 -- One job by the primary key: every `cronwarden run` asks for its own.
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at
@@ -50,10 +70,6 @@ SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;
 -- keep_runs: the start of the oldest run a job keeps (OFFSET keep_runs - 1),
 -- through the index runs (job, started_at).
 SELECT started_at FROM {s}.runs WHERE job = %s ORDER BY started_at DESC LIMIT 1 OFFSET %s;
-
--- name: ledger_jobs --
--- keep_runs for every job: the jobs with runs.
-SELECT DISTINCT job FROM {s}.runs;
 
 -- name: count_due --
 -- prune's dry run: the events due by age ({kept}: the kinds retention

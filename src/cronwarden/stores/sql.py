@@ -209,7 +209,7 @@ class SqlStore(Store):
     def _jobs_to_keep(self, jobs: Sequence[str] | None) -> list[str]:
         if jobs is not None:
             return list(jobs)
-        return sorted(str(row[0]) for row in self._fetch(self._shared["ledger_jobs"], ()))
+        return self.ledger_jobs()
 
     def _count_due(self, retention: Retention, cutoff: float | None, jobs: Sequence[str] | None) -> Pruned:
         runs = events = 0
@@ -288,6 +288,10 @@ class SqlStore(Store):
 
     def jobs(self) -> list[JobInfo]:
         return [JobInfo._make(row) for row in self._fetch(self._shared["jobs"], ())]
+
+    def ledger_jobs(self) -> list[str]:
+        # ":" cannot occur in a job name: those are delivery events' sink:NAME.
+        return [row[0] for row in self._fetch(self._shared["ledger_jobs"], ()) if ":" not in row[0]]
 
     def job(self, name: str) -> JobInfo | None:
         rows = self._fetch(self._shared["job"], (name,))
