@@ -520,7 +520,7 @@ class RedisStore(Store):
             [raw] = self._read(functools.partial(_hmget, self._k_ev, seqs))
             gone = [seq for seq, rec in zip(seqs, raw, strict=True) if rec is None]
             if gone:
-                self._read(lambda pipe, k=deadk, g=gone: pipe.zrem(k, *g))
+                self._read(functools.partial(_zrem, deadk, gone))
 
     def _ledger_jobs(self) -> list[str]:
         """Jobs with a ledger: the keys of the per-job counters, and the set
@@ -727,3 +727,7 @@ def _zrange(key: str, start: int, stop: int, pipe: Pipeline) -> None:
 
 def _hmget(key: str, fields: list[str], pipe: Pipeline) -> None:
     pipe.hmget(key, fields)
+
+
+def _zrem(key: str, members: list[str], pipe: Pipeline) -> None:
+    pipe.zrem(key, *members)
