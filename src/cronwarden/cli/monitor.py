@@ -99,6 +99,7 @@ def watch(
     once: bool = False,
     passes: int | None = None,
     flush: Callable[[], int] | None = None,
+    prune: Callable[[], object] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -119,6 +120,8 @@ def watch(
                       file=out, flush=True)  # fmt: skip
             if flush is not None:
                 flush()
+            if prune is not None:
+                prune()
         except StoreUnavailable as e:
             print(f"cronwarden: {e}; retrying in {dur(interval)}", file=err, flush=True)
             if once:
@@ -127,6 +130,29 @@ def watch(
         if once or (passes is not None and n >= passes):
             return 0
         clock.sleep(max(0.0, interval - (clock.monotonic() - began)))
+
+
+PRUNE_TIME = 0.5
+"""Seconds of retention steps a monitoring pass may spend (each step is
+bounded: ``Store.prune``); a backlog is worked off over the next passes."""
+
+
+def pruner(store: Any, args: Any, clock: Clock) -> Callable[[], object] | None:
+    """Retention steps for each pass, if the store URL or the config says
+    what to keep."""
+    from cronwarden.cli.args import retention
+    from cronwarden.config import find, read
+
+    keep = retention(store, read(find(getattr(args, "config", None))))
+    if not keep.active:
+        return None
+
+    def prune() -> None:
+        give_up = clock.monotonic() + PRUNE_TIME
+        while not store.prune(keep, clock.wall()).done and clock.monotonic() < give_up:
+            pass
+
+    return prune
 
 
 def _stamp(t: float) -> str:
@@ -157,7 +183,8 @@ def main_monitor(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
         try:
             flush = outbox_flusher(store, args, clock)
             with _dashboard(args, clock):
-                return watch(monitor, interval=args.interval, once=args.once, out=out, flush=flush)
+                return watch(monitor, interval=args.interval, once=args.once, out=out, flush=flush,
+                             prune=pruner(store, args, clock))  # fmt: skip
         finally:
             if args.quiet:
                 out.close()

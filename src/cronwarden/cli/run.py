@@ -290,6 +290,7 @@ def main(args: Any) -> int:
         try:
             return _supervise(args, command, options, guard, started, relay, _command_env(args, url))
         finally:
+            _prune_a_little(warden.store, config, args.job)
             if config.sinks:
                 # Deliver this run's events within [sinks] flush_timeout; never
                 # raises, never changes the exit status. Imported only here.
@@ -301,6 +302,26 @@ def main(args: Any) -> int:
 
 EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_REPLACED,
                    Outcome.TIMED_OUT: EXIT_TIMED_OUT}  # fmt: skip
+
+
+RUN_PRUNE_BUDGET = 50
+"""Events a run's end prunes at most: a few milliseconds (bench/retention.py),
+so that a ledger with retention never grows between monitoring passes."""
+
+
+def _prune_a_little(store: Store, config: Any, job: str) -> None:
+    """One small retention step, if the store URL or the config says what to
+    keep; never changes the run's exit status."""
+    from cronwarden.cli.args import retention
+    from cronwarden.clock import SYSTEM_CLOCK
+    from cronwarden.errors import StoreError
+
+    keep = retention(store, config)
+    if keep.active:
+        try:
+            store.prune(keep, SYSTEM_CLOCK.wall(), jobs=[job], budget=RUN_PRUNE_BUDGET)
+        except StoreError:
+            pass  # the next run or the monitor will
 
 
 def _scheduler_store(given: str | None) -> str | None:

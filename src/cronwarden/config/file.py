@@ -26,7 +26,7 @@ from cronwarden.config.settings import (
     merge,
     positive,
 )
-from cronwarden.durations import parse_duration
+from cronwarden.durations import parse_duration, parse_positive_duration
 from cronwarden.errors import UsageError
 from cronwarden.policy import Policy
 
@@ -123,6 +123,7 @@ class _Reader:
             store_source = self.source("store") if store else None
         if env.get(ENV_STORE):
             store, store_source = env[ENV_STORE], f"${ENV_STORE}"
+        retention, keep_runs = self.retention(data)
 
         defaults: dict[str, Any] = {}
         default_sources: dict[str, str] = {}
@@ -174,7 +175,29 @@ class _Reader:
             job_problems={k: tuple(v) for k, v in self.job_problems.items()},
             sinks=sinks,
             sink_problems=tuple(sink_problems),
+            retention=retention,
+            keep_runs=keep_runs,
         )
+
+    def retention(self, data: Mapping[str, Any]) -> tuple[float | None, int | None]:
+        """The top-level ``retention`` (a duration) and ``keep_runs`` (runs per job)."""
+        age, keep = None, None
+        if "retention" in data:
+            value = data["retention"]
+            try:
+                if not isinstance(value, str):
+                    raise UsageError(f'must be a duration like "90d" (a string), got {_kind(value)}')
+                age = parse_positive_duration(value, what="retention")
+            except UsageError as e:
+                self.problem(("retention",), f"retention: {e}".replace("retention: retention ", "retention "))
+        if "keep_runs" in data:
+            value = data["keep_runs"]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**9:
+                self.problem(("keep_runs",), f"keep_runs must be a whole number of runs per job from 1 to "
+                             f"10^9, like 1000, got {value!r}")  # fmt: skip
+            else:
+                keep = value
+        return age, keep
 
     def unknown_keys(self, table: Mapping[str, Any], valid: Sequence[str], at: tuple[str, ...], where: str,
                      job: str | None = None) -> None:  # fmt: skip

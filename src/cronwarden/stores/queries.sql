@@ -65,3 +65,23 @@ LIMIT %s;
 
 -- name: rejected_counts --
 SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;
+
+-- name: keep_runs_cutoff --
+-- keep_runs: the start of the oldest run a job keeps (OFFSET keep_runs - 1),
+-- through the index runs (job, started_at).
+SELECT started_at FROM {s}.runs WHERE job = %s ORDER BY started_at DESC LIMIT 1 OFFSET %s;
+
+-- name: count_due --
+-- prune's dry run: the events due by age ({kept}: the kinds retention
+-- keeps), and how many are `started` (one per finished run that goes).
+SELECT count(*), coalesce(sum(CASE WHEN e.kind = 'started' THEN 1 ELSE 0 END), 0)
+FROM {s}.events e
+WHERE e.at < %s AND e.kind NOT IN ({kept})
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL));
+
+-- name: count_due_of_job --
+-- The same for one job's keep_runs, past what age already counted.
+SELECT count(*), coalesce(sum(CASE WHEN e.kind = 'started' THEN 1 ELSE 0 END), 0)
+FROM {s}.events e
+WHERE e.job = %s AND e.at < %s AND e.at >= %s AND e.kind NOT IN ({kept})
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL));

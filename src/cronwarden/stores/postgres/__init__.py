@@ -53,12 +53,15 @@ from cronwarden.errors import (
     StoreUnavailable,
     StoreUrlError,
     UsageError,
+    mask_password,
 )
 from cronwarden.events import Event, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.stores.base import (
     DEAD_LETTERS_KEPT,
+    KEEP_ALL,
     NEW_SINK_BACKFILL,
+    RETENTION_PARAMS,
     End,
     Finished,
     Granted,
@@ -66,8 +69,11 @@ from cronwarden.stores.base import (
     LeaseInfo,
     Refusal,
     Refused,
+    Retention,
     Start,
     is_side_lease,
+    kept_kinds_sql,
+    retention_of,
     side_lease_key,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
@@ -191,12 +197,14 @@ class PostgresStore(SqlStore):
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         url: str | None = None,
+        retention: Retention = KEEP_ALL,
     ) -> None:
         """``conninfo`` is a libpq URL or ``key=value`` string; cronwarden's own
         settings come as keywords (``from_url`` takes them from the URL)."""
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreError(f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
         self._clock = clock  # kept for the interface; expiry is the server's clock (G4)
+        self.retention = retention
         self.schema = schema
         self._s = f'"{schema}"'
         self._call_timeout = statement_timeout + NETWORK_SLACK
@@ -246,7 +254,8 @@ class PostgresStore(SqlStore):
         except ValueError:
             raise StoreUrlError(url, f"cannot parse the query {parts.query!r}") from None
         ours = {k: v for k, v in query if k in OUR_PARAMS}
-        libpq_params = [(k, v) for k, v in query if k not in OUR_PARAMS]
+        retention = retention_of(url, {k: v for k, v in query if k in RETENTION_PARAMS})
+        libpq_params = [(k, v) for k, v in query if k not in OUR_PARAMS and k not in RETENTION_PARAMS]
         known = {d.keyword.decode() for d in pq.Conninfo.get_defaults()}
         unknown = sorted({k for k, _ in libpq_params if k not in known})
         if unknown:
@@ -274,7 +283,8 @@ class PostgresStore(SqlStore):
             clock=clock,
             statement_timeout=statement_timeout,
             lock_timeout=lock_timeout,
-            url=url,
+            url=mask_password(url),
+            retention=retention,
         )
 
     # -- plumbing ---------------------------------------------------------
@@ -564,6 +574,17 @@ class PostgresStore(SqlStore):
         ids = list(dict.fromkeys(event_ids))
         if ids:
             self._call(lambda c: c.execute(self._q["forget_rejected"], (sink, ids)))
+
+    def _prune_step(self, job: str | None, cutoff: float, limit: int) -> tuple[int, int, int]:
+        kept = kept_kinds_sql()
+        args: tuple[Any, ...]
+        if job is None:
+            sql, args = self._q["prune_due"].replace("{kept}", kept), (cutoff, limit)
+        else:
+            sql, args = self._q["prune_due_of_job"].replace("{kept}", kept), (job, cutoff, limit)
+        row = self._call(lambda c: c.execute(sql, args).fetchone())
+        assert row is not None  # counts: always one row
+        return int(row[0]), int(row[1]), int(row[2])
 
     def close(self) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from cronwarden.durations import parse_duration
 from cronwarden.errors import StoreUrlError, UsageError
+from cronwarden.stores.base import KEEP_ALL, Retention, retention_of
 
 if TYPE_CHECKING:
     import redis
@@ -55,12 +56,13 @@ class Settings:
     socket_timeout: float
     connect_timeout: float
     tls: dict[str, Any] = field(default_factory=dict)
+    retention: Retention = KEEP_ALL
 
     @classmethod
     def parse(cls, url: str) -> Settings:
         """``redis://[[user]:password@]host[:port][/db][?params]``, or
         ``rediss://`` for TLS. Params: ``prefix``, ``runs_per_job``,
-        ``events_per_job``, ``socket_timeout``, ``connect_timeout``
+        ``events_per_job``, ``retention``, ``keep_runs``, ``socket_timeout``, ``connect_timeout``
         (durations such as ``3s``), and for TLS ``ssl_ca_certs`` and
         ``ssl_cert_reqs`` (none, optional, required). Raises
         ``StoreUrlError`` naming what is wrong."""
@@ -85,6 +87,7 @@ class Settings:
         )
         socket_timeout = _timeout(url, params.pop("socket_timeout", None), "socket_timeout")
         connect_timeout = _timeout(url, params.pop("connect_timeout", None), "connect_timeout")
+        retention = retention_of(url, params)
         tls: dict[str, Any] = {}
         if scheme == "rediss":
             tls["ssl"] = True
@@ -109,6 +112,7 @@ class Settings:
             socket_timeout=socket_timeout,
             connect_timeout=connect_timeout,
             tls=tls,
+            retention=retention,
         )
 
     def client(self) -> redis.Redis:

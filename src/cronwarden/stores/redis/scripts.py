@@ -89,3 +89,4 @@ class Scripts:
         self.renew_lock = register("renew_lock")
         self.unlock = register("unlock")
         self.claim_slot = register("claim_slot")
+        self.prune = register("prune")

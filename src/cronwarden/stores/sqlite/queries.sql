@@ -182,3 +182,37 @@ WHERE sink = ? AND seq IN (SELECT seq FROM events WHERE event_id IN ({ids}));
 SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'
 ORDER BY name
 LIMIT 4;
+
+-- name: prune_due --
+-- Retention's next step: the oldest events older than the cutoff, by seq
+-- (the rowid: the scan starts at the oldest and stops at the limit), but
+-- never an open run's, never a kind retention keeps ({kept}), never the
+-- newest event (see the trigger events_keep_newest).
+SELECT e.seq, e.run_id, e.kind FROM events e
+WHERE e.at < ? AND e.kind NOT IN ({kept})
+  AND e.seq < (SELECT max(seq) FROM events)
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM runs WHERE outcome IS NULL))
+ORDER BY e.seq LIMIT ?;
+
+-- name: prune_due_of_job --
+-- The same for one job, through events (job, at): keep_runs's cutoff is the
+-- start of the oldest run it keeps.
+SELECT e.seq, e.run_id, e.kind FROM events e
+WHERE e.job = ? AND e.at < ? AND e.kind NOT IN ({kept})
+  AND e.seq < (SELECT max(seq) FROM events)
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM runs WHERE outcome IS NULL))
+ORDER BY e.at, e.seq LIMIT ?;
+
+-- name: prune_runs --
+-- The finished runs whose `started` a step deletes ({ids}: run ids).
+DELETE FROM runs WHERE run_id IN ({ids}) AND outcome IS NOT NULL;
+
+-- name: prune_events --
+DELETE FROM events WHERE seq IN ({ids});
+
+-- name: prune_dead_letters --
+-- Each sink's dead letters and acknowledgments of the deleted events.
+DELETE FROM outbox_rejected WHERE seq IN ({ids});
+
+-- name: prune_acks_of --
+DELETE FROM outbox_acks WHERE seq IN ({ids});
