@@ -200,10 +200,11 @@ def kept_kinds() -> list[str]:
     return [k.value for k in EventKind if k not in AGE_OUT_FREELY]
 
 
-def kept_kinds_sql() -> str:
-    """``kept_kinds`` as an SQL list of literals (enum values: letters and
-    ``_`` only), for the SQL stores' prune statements."""
-    return ", ".join(f"'{k}'" for k in kept_kinds())
+def pruned_kinds_sql() -> str:
+    """``AGE_OUT_FREELY`` as an SQL list of literals (enum values: letters
+    and ``_`` only), for the SQL stores' prune statements: a list of kinds
+    that are pruned, so that each is an index range of (job, kind, at)."""
+    return ", ".join(sorted(f"'{k.value}'" for k in AGE_OUT_FREELY))
 
 
 class Retention(NamedTuple):
@@ -639,8 +640,9 @@ class Store(abc.ABC):
         decisions), so an unresolved finding stays raised; any table but the runs, the events and each
         sink's dead letters and acknowledgments of the events deleted (the
         leases, fencing counters, jobs, marks, slot claims; and rows other
-        tables keep, such as per-job rollups). ``keep_runs`` applies to
-        ``jobs`` (None: every job in the ledger), ``max_age`` to every job.
+        tables keep, such as per-job rollups). Only ``jobs`` are looked at
+        (None: every job in the ledger, delivery's ``sink:NAME`` included);
+        each step reads the jobs' indexes, never a scan of the ledger.
         A sink that has not delivered an event before it ages out does not
         get it. With ``dry_run`` nothing is deleted and the counts are of
         everything due, not bounded by ``budget`` (on Redis, by each job's

@@ -72,16 +72,10 @@ SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;
 SELECT started_at FROM {s}.runs WHERE job = %s ORDER BY started_at DESC LIMIT 1 OFFSET %s;
 
 -- name: count_due --
--- prune's dry run: the events due by age ({kept}: the kinds retention
--- keeps), and how many are `started` (one per finished run that goes).
+-- prune's dry run for one job: its events due before its bound (only the
+-- kinds retention prunes, {pruned}; never an open run's), and how many are
+-- `started` (one per finished run that goes).
 SELECT count(*), coalesce(sum(CASE WHEN e.kind = 'started' THEN 1 ELSE 0 END), 0)
 FROM {s}.events e
-WHERE e.at < %s AND e.kind NOT IN ({kept})
-  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL));
-
--- name: count_due_of_job --
--- The same for one job's keep_runs, past what age already counted.
-SELECT count(*), coalesce(sum(CASE WHEN e.kind = 'started' THEN 1 ELSE 0 END), 0)
-FROM {s}.events e
-WHERE e.job = %s AND e.at < %s AND e.at >= %s AND e.kind NOT IN ({kept})
+WHERE e.job = %s AND e.at < %s AND e.kind IN ({pruned})
   AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL));

@@ -23,14 +23,13 @@ statement means the same on any connection a pooler hands out.
 from __future__ import annotations
 
 import abc
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cronwarden.errors import StoreError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
-from cronwarden.stores.base import PRUNE_BUDGET, EventQuery, Pruned, Retention, Store, kept_kinds_sql
+from cronwarden.stores.base import PRUNE_BUDGET, EventQuery, Pruned, Retention, Store, pruned_kinds_sql
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = "-- name:"
@@ -171,11 +170,11 @@ class SqlStore(Store):
         }
 
     @abc.abstractmethod
-    def _prune_step(self, job: str | None, cutoff: float, limit: int) -> tuple[int, int, int]:
-        """One retention step in one transaction: the oldest ``limit`` events
-        due before ``cutoff`` (of ``job``, or of every job), with the
-        finished runs whose ``started`` they are, the sinks' dead letters
-        and acknowledgments of them. Returns (runs, events, events chosen).
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
+        """One retention step in one transaction: ``job``'s oldest ``limit``
+        events due before ``bound``, with the finished runs whose ``started``
+        they are, the sinks' dead letters and acknowledgments of them.
+        Returns (runs, events, events chosen).
 
         :raises StoreUnavailable: the store cannot be reached for now
         :raises StoreError: anything else the store refused
@@ -185,47 +184,40 @@ class SqlStore(Store):
               budget: int = PRUNE_BUDGET, dry_run: bool = False) -> Pruned:  # fmt: skip
         if not retention.active:
             return Pruned()
-        cutoff = None if retention.max_age is None else now - retention.max_age
-        if dry_run:
-            return self._count_due(retention, cutoff, jobs)
         runs = events = 0
         left = budget
-        if cutoff is not None:
-            r, e, chosen = self._prune_step(None, cutoff, left)
+        for job, bound in self._bounds(retention, now, jobs):
+            if dry_run:
+                sql = self._shared["count_due"].replace("{pruned}", pruned_kinds_sql())
+                [(e, r)] = self._fetch(sql, (job, bound))
+                runs, events = runs + int(r), events + int(e)
+                continue
+            r, e, chosen = self._prune_step(job, bound, left)
             runs, events, left = runs + r, events + e, left - chosen
             if left <= 0:
                 return Pruned(runs, events, done=False)
-        if retention.keep_runs is not None:
-            for job in self._jobs_to_keep(jobs):
-                oldest_kept = self._fetch(self._shared["keep_runs_cutoff"], (job, retention.keep_runs - 1))
-                if not oldest_kept:
-                    continue
-                r, e, chosen = self._prune_step(job, float(oldest_kept[0][0]), left)
-                runs, events, left = runs + r, events + e, left - chosen
-                if left <= 0:
-                    return Pruned(runs, events, done=False)
         return Pruned(runs, events)
 
-    def _jobs_to_keep(self, jobs: Sequence[str] | None) -> list[str]:
-        if jobs is not None:
-            return list(jobs)
-        return self.ledger_jobs()
-
-    def _count_due(self, retention: Retention, cutoff: float | None, jobs: Sequence[str] | None) -> Pruned:
-        runs = events = 0
-        kept = kept_kinds_sql()
-        if cutoff is not None:
-            [(e, r)] = self._fetch(self._shared["count_due"].replace("{kept}", kept), (cutoff,))
-            runs, events = runs + int(r), events + int(e)
-        if retention.keep_runs is not None:
-            sql = self._shared["count_due_of_job"].replace("{kept}", kept)
-            for job in self._jobs_to_keep(jobs):
+    def _bounds(
+        self, retention: Retention, now: float, jobs: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        """Each job's retention bound: what started (or happened) before it
+        is due. The later of the age's cutoff and the start of the oldest
+        run ``keep_runs`` keeps."""
+        if jobs is None:
+            jobs = [str(row[0]) for row in self._fetch(self._shared["ledger_jobs"], ())]
+        cutoff = None if retention.max_age is None else now - retention.max_age
+        found = []
+        for job in jobs:
+            bound = cutoff
+            if retention.keep_runs is not None:
                 oldest_kept = self._fetch(self._shared["keep_runs_cutoff"], (job, retention.keep_runs - 1))
                 if oldest_kept:
-                    since = -math.inf if cutoff is None else cutoff
-                    [(e, r)] = self._fetch(sql, (job, float(oldest_kept[0][0]), since))
-                    runs, events = runs + int(r), events + int(e)
-        return Pruned(runs, events)
+                    kept_from = float(oldest_kept[0][0])
+                    bound = kept_from if bound is None else max(bound, kept_from)
+            if bound is not None:
+                found.append((job, bound))
+        return found
 
     @abc.abstractmethod
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:

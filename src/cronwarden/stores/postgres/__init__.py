@@ -72,7 +72,7 @@ from cronwarden.stores.base import (
     Retention,
     Start,
     is_side_lease,
-    kept_kinds_sql,
+    pruned_kinds_sql,
     retention_of,
     side_lease_key,
 )
@@ -575,13 +575,8 @@ class PostgresStore(SqlStore):
         if ids:
             self._call(lambda c: c.execute(self._q["forget_rejected"], (sink, ids)))
 
-    def _prune_step(self, job: str | None, cutoff: float, limit: int) -> tuple[int, int, int]:
-        kept = kept_kinds_sql()
-        args: tuple[Any, ...]
-        if job is None:
-            sql, args = self._q["prune_due"].replace("{kept}", kept), (cutoff, limit)
-        else:
-            sql, args = self._q["prune_due_of_job"].replace("{kept}", kept), (job, cutoff, limit)
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
+        sql, args = self._q["prune_due"].replace("{pruned}", pruned_kinds_sql()), (job, bound, limit)
         row = self._call(lambda c: c.execute(sql, args).fetchone())
         assert row is not None  # counts: always one row
         return int(row[0]), int(row[1]), int(row[2])

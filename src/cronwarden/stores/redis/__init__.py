@@ -480,9 +480,7 @@ class RedisStore(Store):
               budget: int = PRUNE_BUDGET, dry_run: bool = False) -> Pruned:  # fmt: skip
         if not retention.active:
             return Pruned()
-        everyone = self._ledger_jobs()
-        # max_age applies to every job; keep_runs alone, to the jobs named.
-        names = everyone if retention.max_age is not None or jobs is None else list(jobs)
+        names = self._ledger_jobs() if jobs is None else list(jobs)
         if not names:
             return Pruned()
         cutoff = "" if retention.max_age is None else ordhex(now - retention.max_age)
@@ -492,13 +490,11 @@ class RedisStore(Store):
         each = self.runs_per_job + self.events_per_job if dry_run else max(8, budget // len(names))
         kept = "," + ",".join(kept_kinds()) + ","
         args = [cutoff, str(retention.keep_runs or 0), str(each), kept, "1" if dry_run else "0"]
-        keep_for = set(everyone if jobs is None else jobs)
         try:
             pipe = self._client.pipeline(transaction=False)
             for job in names:
-                job_args = args if job in keep_for else [cutoff, "0", *args[2:]]
                 keys = [self._index(job), self._k_ev, self._k_ev_run, self._k_runs, self._k_open]
-                self._scripts.prune(keys=keys, args=job_args, client=pipe)
+                self._scripts.prune(keys=keys, args=args, client=pipe)
             replies: list[Any] = pipe.execute()
         except redis_errors.RedisError as e:
             raise self._error(e) from None

@@ -65,7 +65,7 @@ from cronwarden.stores.base import (
     Start,
     holder_data,
     is_side_lease,
-    kept_kinds_sql,
+    pruned_kinds_sql,
     retention_of,
     side_lease_key,
 )
@@ -606,14 +606,9 @@ class SqliteStore(SqlStore):
 
     # -- retention --------------------------------------------------------
 
-    def _prune_step(self, job: str | None, cutoff: float, limit: int) -> tuple[int, int, int]:
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
         q = self._q
-        kept = kept_kinds_sql()
-        args: tuple[Any, ...]
-        if job is None:
-            sql, args = q["prune_due"].replace("{kept}", kept), (cutoff, limit)
-        else:
-            sql, args = q["prune_due_of_job"].replace("{kept}", kept), (job, cutoff, limit)
+        sql, args = q["prune_due"].replace("{pruned}", pruned_kinds_sql()), (job, bound, limit)
         with self._tx() as db:
             rows = db.execute(sql, args).fetchall()
             seqs = [int(seq) for seq, _, _ in rows]

@@ -184,21 +184,12 @@ ORDER BY name
 LIMIT 4;
 
 -- name: prune_due --
--- Retention's next step: the oldest events older than the cutoff, by seq
--- (the rowid: the scan starts at the oldest and stops at the limit), but
--- never an open run's, never a kind retention keeps ({kept}), never the
--- newest event (see the trigger events_keep_newest).
+-- Retention's next step for one job: its oldest events before the cutoff
+-- (the job's retention bound), through events (job, at), but only of the
+-- kinds retention prunes ({pruned}), never an open run's, never the newest
+-- event (see the trigger events_keep_newest).
 SELECT e.seq, e.run_id, e.kind FROM events e
-WHERE e.at < ? AND e.kind NOT IN ({kept})
-  AND e.seq < (SELECT max(seq) FROM events)
-  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM runs WHERE outcome IS NULL))
-ORDER BY e.seq LIMIT ?;
-
--- name: prune_due_of_job --
--- The same for one job, through events (job, at): keep_runs's cutoff is the
--- start of the oldest run it keeps.
-SELECT e.seq, e.run_id, e.kind FROM events e
-WHERE e.job = ? AND e.at < ? AND e.kind NOT IN ({kept})
+WHERE e.job = ? AND e.at < ? AND e.kind IN ({pruned})
   AND e.seq < (SELECT max(seq) FROM events)
   AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM runs WHERE outcome IS NULL))
 ORDER BY e.at, e.seq LIMIT ?;
