@@ -42,6 +42,9 @@ def configure_monitor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", type=address, metavar="HOST:PORT",
                    help="also serve the dashboard, its JSON API and /metrics here (see cronwarden "
                    "dashboard --help), from this process")  # fmt: skip
+    from cronwarden.cli.dashboard import add_token_flag
+
+    add_token_flag(p)
     p.add_argument("--refresh", type=refresh, metavar="DURATION",
                    help="with --listen: how often the pages reload (default 30s; 0: never)")  # fmt: skip
     add_window_flags(p)
@@ -202,13 +205,13 @@ def _dashboard(args: Any, clock: Clock) -> Iterator[None]:
     if not args.listen:
         yield
         return
-    from cronwarden.cli.dashboard import open_dashboard, request_log
+    from cronwarden.cli.dashboard import open_dashboard, request_log, token_of
     from cronwarden.web import bind, url_of
 
     dashboard = open_dashboard(args, clock)
     try:
         host, port = args.listen
-        server = bind(dashboard, host, port, log=request_log(args))
+        server = bind(dashboard, host, port, log=request_log(args), token=token_of(args))
         print(f"cronwarden monitor: dashboard on {url_of(server)}", file=sys.stderr, flush=True)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                   name="cronwarden-dashboard", daemon=True)  # fmt: skip

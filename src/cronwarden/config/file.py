@@ -53,6 +53,11 @@ def read_file(
     return reader.build(reader.parse_file(), env_values, env_sources, env)
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""A config file larger than this is refused before it is parsed: a few
+thousand jobs fit in far less, and a huge file is a mistake (or an attack)."""
+
+
 class _Reader:
     """Collects problems while turning TOML data into settings."""
 
@@ -87,9 +92,13 @@ class _Reader:
     def parse_file(self) -> dict[str, Any]:
         try:
             with open(self.path, "rb") as f:
-                raw = f.read()
+                raw = f.read(MAX_CONFIG_BYTES + 1)
         except OSError as e:
             self.problems.append(Problem(self.path, None, f"cannot read the config file: {e.strerror}"))
+            return {}
+        if len(raw) > MAX_CONFIG_BYTES:
+            too_big = f"the config file is over {MAX_CONFIG_BYTES // 1024} KiB; expected cronwarden.toml"
+            self.problems.append(Problem(self.path, None, too_big))
             return {}
         try:
             text = raw.decode("utf-8")
@@ -103,6 +112,10 @@ class _Reader:
         except tomllib.TOMLDecodeError as e:
             message, line = _syntax_error(str(e), text)
             self.problems.append(Problem(self.path, line, f"TOML syntax: {message}"))
+            return {}
+        except RecursionError:  # tomllib recurses once per level of nesting
+            self.problems.append(Problem(self.path, None, "arrays or inline tables nested too deeply "
+                                         "to read; expected a cronwarden.toml"))  # fmt: skip
             return {}
         self.lines = _key_lines(text)
         return data

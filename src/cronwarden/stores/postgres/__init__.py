@@ -379,8 +379,8 @@ class PostgresStore(SqlStore):
             return StoreUnavailable(f"PostgreSQL store {self.where} is unavailable: {text}")
         if isinstance(e, pgerrors.UndefinedTable | pgerrors.UndefinedFunction | pgerrors.InvalidSchemaName):
             return StoreError(
-                f"PostgreSQL store {self.where}: schema {self.schema!r} is incomplete ({text}); "
-                "was it dropped while in use?"
+                f"PostgreSQL store {self.where}: schema {self.schema!r} is not a usable cronwarden store, "
+                f"it is incomplete ({text}); was it dropped while in use?"
             )
         return StoreError(f"PostgreSQL store {self.where}: {text}")
 

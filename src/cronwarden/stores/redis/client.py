@@ -81,6 +81,11 @@ class Settings:
         prefix = params.pop("prefix", DEFAULT_PREFIX)
         if not prefix.isprintable():
             raise StoreUrlError(url, "prefix may not contain control characters")
+        if not prefix.strip():
+            raise StoreUrlError(url, "prefix must not be empty: the store's keys would be bare names like "
+                                "'runs' in a shared database; give e.g. prefix=cronwarden:")  # fmt: skip
+        if len(prefix) > 256:
+            raise StoreUrlError(url, f"prefix must be at most 256 characters, got {len(prefix)}")
         runs = _positive_int(url, params.pop("runs_per_job", None), "runs_per_job", DEFAULT_RUNS_PER_JOB)
         events = _positive_int(
             url, params.pop("events_per_job", None), "events_per_job", DEFAULT_EVENTS_PER_JOB

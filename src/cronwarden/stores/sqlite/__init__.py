@@ -767,6 +767,8 @@ def _store_error(path: str, e: sqlite3.Error) -> StoreError:
     text = str(e)
     if "locked" in text or "busy" in text:
         return StoreUnavailable(f"SQLite store {path} is locked by another process ({text})")
+    if "no such table" in text or "no such column" in text:
+        return StoreError(f"{path} is not a usable cronwarden store: its schema is damaged ({text})")
     if "not a database" in text or "malformed" in text or "corrupt" in text:
         return StoreError(f"{path} is not a usable cronwarden SQLite database ({text})")
     if "readonly" in text or "unable to open" in text:
