@@ -143,7 +143,7 @@ def test_every_statement_names_its_schema(file: str) -> None:
         named = TABLE.findall(statement) + re.findall(r"SELECT (\S+)\(", statement)
         # A WITH query's own names (``due AS (…)``, ``r(job) AS (…)``) are no tables.
         ctes = set(re.findall(r"(?:WITH(?: RECURSIVE)?|,)\s*(\w+)(?:\([^)]*\))?\s+AS\s*\(", statement))
-        builtin = {"set_config", "pg_advisory_xact_lock", "count", "min", "max", "sum", "coalesce"}
+        builtin = {"set_config", "pg_advisory_xact_lock", "count", "min", "max", "sum", "coalesce", "unnest"}
         named = [t.rstrip("),;") for t in named]
         unqualified = [t for t in named if not t.startswith("{s}.") and t not in builtin | ctes]
         assert unqualified == [], name
