@@ -95,7 +95,10 @@ DEFAULT_LOCK_TIMEOUT = 2.0
 NETWORK_SLACK = 1.0
 """How much longer than ``statement_timeout`` the watchdog waits for an answer."""
 
-OUR_PARAMS = frozenset({"schema", "statement_timeout", "lock_timeout"})
+OUR_PARAMS = frozenset({"schema", "statement_timeout", "lock_timeout", "pooler"})
+POOLERS = ("none", "transaction")
+"""``pooler=transaction``: the server is reached through a pooler in
+transaction mode (PgBouncer ``pool_mode = transaction``)."""
 SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 MIGRATION_TIMEOUT = "15min"
 """Bound on a schema migration (index builds on a large ledger), and on waiting for one."""
@@ -197,10 +200,19 @@ class PostgresStore(SqlStore):
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         url: str | None = None,
+        pooler: str = "none",
         retention: Retention = KEEP_ALL,
     ) -> None:
         """``conninfo`` is a libpq URL or ``key=value`` string; cronwarden's own
-        settings come as keywords (``from_url`` takes them from the URL)."""
+        settings come as keywords (``from_url`` takes them from the URL).
+
+        ``pooler="transaction"``: each transaction may run on another server
+        session, so nothing may live in one. No statement is prepared (a
+        prepared statement belongs to the session that prepared it), and the
+        settings are not sent at connect (a pooler refuses or drops the
+        ``options`` startup parameter): the role's or the database's own
+        ``statement_timeout``, ``lock_timeout`` and ``synchronous_commit``
+        apply, and the client's watchdog still bounds every call."""
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreError(f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
         self._clock = clock  # kept for the interface; expiry is the server's clock (G4)
@@ -217,11 +229,15 @@ class PostgresStore(SqlStore):
         # synchronous_commit=on whatever the database or role says: a grant
         # acknowledged but lost in a crash would hand its fencing token out
         # again (G2). Replication to an async standby is documented as a limit.
+        if pooler not in POOLERS:
+            raise StoreError(f"pooler must be one of {', '.join(POOLERS)}, got {pooler!r}")
+        self.pooler = pooler
         ours = (
             f"-c statement_timeout={_ms(statement_timeout)} -c lock_timeout={_ms(lock_timeout)} "
             "-c synchronous_commit=on"
         )
-        params["options"] = f"{ours} {params['options']}" if params.get("options") else ours
+        if pooler == "none":
+            params["options"] = f"{ours} {params['options']}" if params.get("options") else ours
         self._conninfo = psycopg.conninfo.make_conninfo("", **params)
         host = str(params.get("host") or params.get("hostaddr") or "localhost")
         self.where = f"{host}:{params.get('port') or 5432}"
@@ -265,6 +281,9 @@ class PostgresStore(SqlStore):
                 f"{', '.join(sorted(OUR_PARAMS))} and libpq's own",
             )
         schema = ours.get("schema", DEFAULT_SCHEMA)
+        pooler = ours.get("pooler", "none")
+        if pooler not in POOLERS:
+            raise StoreUrlError(url, f"pooler must be one of {', '.join(POOLERS)}, got {pooler!r}")
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreUrlError(url, f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
         try:
@@ -284,6 +303,7 @@ class PostgresStore(SqlStore):
             statement_timeout=statement_timeout,
             lock_timeout=lock_timeout,
             url=mask_password(url),
+            pooler=pooler,
             retention=retention,
         )
 
@@ -310,6 +330,8 @@ class PostgresStore(SqlStore):
         if conn is None:
             try:
                 conn = psycopg.connect(self._conninfo, autocommit=True)
+                if self.pooler != "none":
+                    conn.prepare_threshold = None  # nothing prepared: sessions change under us
             except psycopg.Error as e:
                 raise self._connect_error(e) from None
             self._conn = conn
@@ -324,6 +346,12 @@ class PostgresStore(SqlStore):
     def _connect_error(self, e: psycopg.Error) -> StoreError:
         text = _one_line(e)
         lowered = text.lower()
+        if "unsupported startup parameter" in lowered:
+            # PgBouncer refusing the settings sent at connect.
+            return StoreError(
+                f"cannot use PostgreSQL store {self.where}: {text}; behind a pooler in "
+                "transaction mode (PgBouncer), add pooler=transaction to the store URL"
+            )
         busy = ("starting up", "shutting down", "recovery", "too many", "connection slots")
         if any(w in lowered for w in CONFIG_FAILURES) and not any(w in lowered for w in busy):
             return StoreError(f"cannot use PostgreSQL store {self.where}: {text}")
