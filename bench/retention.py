@@ -160,6 +160,7 @@ def bench(name: str, days: int, every: float, jobs: int) -> dict[str, object]:
             "store": name, "days": days, "every": every, "jobs": jobs, "written": written,
             "kept_runs": kept_runs, "size": size, "bytes_per_run": size / max(1, kept_runs),
             "survived": survived, "max_step_ms": 1000 * max(steps), "p99_step_ms": 1000 * _p99(steps),
+            "median_step_ms": 1000 * statistics.median(steps), "steps": len(steps),
             "cycle_ms": 1000 * statistics.median(plain),
             "cycle_prune_ms": 1000 * statistics.median(with_prune),
             "max_cycle_prune_ms": 1000 * max(with_prune), "max_cycle_ms": 1000 * max(plain),
@@ -194,14 +195,17 @@ def main() -> int:
     kept = 30 * int(DAY // every) * a.jobs
     print(f"\n{a.jobs} jobs, a run every {every:g}s for {days} days, retention 30d "
           f"(retained: 30 days x {int(DAY // every)} runs x {a.jobs} jobs = {kept:,})")  # fmt: skip
-    head = ("store", "written", "kept", "size MB", "B/run", "open+finding", "max step ms", "p99 step",
+    head = ("store", "written", "kept", "size MB", "B/run", "open+finding", "steps", "median step ms",
+            "max step ms", "p99 step",
             "cycle ms", "cycle+prune", "ratio", "max cycle+prune", "met (<=50ms)?")  # fmt: skip
     print("  ".join(head))
     for r in rows:
         added = float(r["max_step_ms"])  # type: ignore[arg-type]
         print("  ".join(str(x) for x in (
             r["store"], f"{r['written']:,}", f"{r['kept_runs']:,}", f"{int(r['size']) / 1e6:.1f}",  # type: ignore[call-overload]
-            f"{r['bytes_per_run']:.0f}", "yes" if r["survived"] else "NO", f"{added:.1f}",
+            f"{r['bytes_per_run']:.0f}", "yes" if r["survived"] else "NO", r["steps"],
+            f"{r['median_step_ms']:.1f}",
+            f"{added:.1f}",
             f"{r['p99_step_ms']:.1f}", f"{r['cycle_ms']:.2f}", f"{r['cycle_prune_ms']:.2f}",
             f"{float(r['cycle_prune_ms']) / float(r['cycle_ms']):.2f}x",  # type: ignore[arg-type]
             f"{r['max_cycle_prune_ms']:.1f}", "yes" if added <= 50 else "NO",
