@@ -83,3 +83,17 @@ SELECT ended, last_start, skips, last_refusal, last_overlap FROM {s}.rollups WHE
 -- name: rollup_jobs --
 -- Every job with a run or a refused start: the jobs a rebuild folds.
 SELECT job FROM {s}.runs UNION SELECT job FROM {s}.rollups ORDER BY 1;
+
+-- name: keep_runs_cutoff --
+-- keep_runs: the start of the oldest run a job keeps (OFFSET keep_runs - 1),
+-- through the index runs (job, started_at).
+SELECT started_at FROM {s}.runs WHERE job = %s ORDER BY started_at DESC LIMIT 1 OFFSET %s;
+
+-- name: count_due --
+-- prune's dry run for one job: its events due before its bound (only the
+-- kinds retention prunes, {pruned}; never an open run's), and how many are
+-- `started` (one per finished run that goes).
+SELECT count(*), coalesce(sum(CASE WHEN e.kind = 'started' THEN 1 ELSE 0 END), 0)
+FROM {s}.events e
+WHERE e.job = %s AND e.at < %s AND e.kind IN ({pruned})
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL));

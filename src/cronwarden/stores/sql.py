@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from cronwarden.errors import StoreError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
-from cronwarden.stores.base import EventQuery, Store
+from cronwarden.stores.base import PRUNE_BUDGET, EventQuery, Pruned, Retention, Store, pruned_kinds_sql
 
 if TYPE_CHECKING:
     from cronwarden.stores.rollup import Entry, Rollup
@@ -171,6 +171,56 @@ class SqlStore(Store):
             name: placeholders(sql.replace("{s}", schema), param)
             for name, sql in queries(os.path.join(HERE, "queries.sql")).items()
         }
+
+    @abc.abstractmethod
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
+        """One retention step in one transaction: ``job``'s oldest ``limit``
+        events due before ``bound``, with the finished runs whose ``started``
+        they are, the sinks' dead letters and acknowledgments of them.
+        Returns (runs, events, events chosen).
+
+        :raises StoreUnavailable: the store cannot be reached for now
+        :raises StoreError: anything else the store refused
+        """
+
+    def prune(self, retention: Retention, now: float, *, jobs: Sequence[str] | None = None,
+              budget: int = PRUNE_BUDGET, dry_run: bool = False) -> Pruned:  # fmt: skip
+        if not retention.active:
+            return Pruned()
+        runs = events = 0
+        left = budget
+        for job, bound in self._bounds(retention, now, jobs):
+            if dry_run:
+                sql = self._shared["count_due"].replace("{pruned}", pruned_kinds_sql())
+                [(e, r)] = self._fetch(sql, (job, bound))
+                runs, events = runs + int(r), events + int(e)
+                continue
+            r, e, chosen = self._prune_step(job, bound, left)
+            runs, events, left = runs + r, events + e, left - chosen
+            if left <= 0:
+                return Pruned(runs, events, done=False)
+        return Pruned(runs, events)
+
+    def _bounds(
+        self, retention: Retention, now: float, jobs: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        """Each job's retention bound: what started (or happened) before it
+        is due. The later of the age's cutoff and the start of the oldest
+        run ``keep_runs`` keeps."""
+        if jobs is None:
+            jobs = [str(row[0]) for row in self._fetch(self._shared["ledger_jobs"], ())]
+        cutoff = None if retention.max_age is None else now - retention.max_age
+        found = []
+        for job in jobs:
+            bound = cutoff
+            if retention.keep_runs is not None:
+                oldest_kept = self._fetch(self._shared["keep_runs_cutoff"], (job, retention.keep_runs - 1))
+                if oldest_kept:
+                    kept_from = float(oldest_kept[0][0])
+                    bound = kept_from if bound is None else max(bound, kept_from)
+            if bound is not None:
+                found.append((job, bound))
+        return found
 
     @abc.abstractmethod
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:

@@ -179,3 +179,27 @@ WHERE {s}.rollups.job = v.job AND {s}.rollups.ended = %s::bigint
     AND {s}.rollups.skips = %s::bigint
     AND coalesce({s}.rollups.last_refusal, '-Infinity') = coalesce(%s::float8, '-Infinity')
     AND coalesce({s}.rollups.last_overlap, '-Infinity') = coalesce(%s::float8, '-Infinity');
+
+-- name: prune_due --
+-- Retention's next step for one job, one statement: its oldest events
+-- before the cutoff (the job's retention bound), through events (job, kind,
+-- at) for each kind retention prunes ({pruned}), never an open run's; with
+-- them the finished runs whose `started` they are, and the sinks' dead
+-- letters and acknowledgments of them. Returns the runs and events deleted
+-- and the events chosen.
+WITH due AS (
+  SELECT e.seq, e.run_id, e.kind FROM {s}.events e
+  WHERE e.job = %s AND e.at < %s AND e.kind IN ({pruned})
+    AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL))
+  ORDER BY e.at, e.seq LIMIT %s
+), gone_runs AS (
+  DELETE FROM {s}.runs r USING due
+  WHERE due.kind = 'started' AND r.run_id = due.run_id AND r.outcome IS NOT NULL RETURNING 1
+), gone_letters AS (
+  DELETE FROM {s}.outbox_rejected o USING due WHERE o.seq = due.seq RETURNING 1
+), gone_acks AS (
+  DELETE FROM {s}.outbox_acks o USING due WHERE o.seq = due.seq RETURNING 1
+), gone AS (
+  DELETE FROM {s}.events e USING due WHERE e.seq = due.seq RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone_runs), (SELECT count(*) FROM gone), (SELECT count(*) FROM due);

@@ -91,3 +91,4 @@ class Scripts:
         self.unlock = register("unlock")
         self.claim_slot = register("claim_slot")
         self.save_rollup = register("save_rollup")
+        self.prune = register("prune")

@@ -211,3 +211,28 @@ DELETE FROM rollup_window WHERE job = ?;
 
 -- name: insert_window --
 INSERT INTO rollup_window (job, place, started_at, ended_at, outcome, flagged) VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: prune_due --
+-- Retention's next step for one job: its oldest events before the cutoff
+-- (the job's retention bound), through events (job, at), but only of the
+-- kinds retention prunes ({pruned}), never an open run's, never the newest
+-- event (see the trigger events_keep_newest).
+SELECT e.seq, e.run_id, e.kind FROM events e
+WHERE e.job = ? AND e.at < ? AND e.kind IN ({pruned})
+  AND e.seq < (SELECT max(seq) FROM events)
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM runs WHERE outcome IS NULL))
+ORDER BY e.at, e.seq LIMIT ?;
+
+-- name: prune_runs --
+-- The finished runs whose `started` a step deletes ({ids}: run ids).
+DELETE FROM runs WHERE run_id IN ({ids}) AND outcome IS NOT NULL;
+
+-- name: prune_events --
+DELETE FROM events WHERE seq IN ({ids});
+
+-- name: prune_dead_letters --
+-- Each sink's dead letters and acknowledgments of the deleted events.
+DELETE FROM outbox_rejected WHERE seq IN ({ids});
+
+-- name: prune_acks_of --
+DELETE FROM outbox_acks WHERE seq IN ({ids});
