@@ -38,12 +38,15 @@ not usable as configured, or refuses a request outright, raises
 import abc
 import enum
 from collections.abc import Sequence
-from typing import NamedTuple, Self
+from typing import TYPE_CHECKING, NamedTuple, Self
 
 from cronwarden.errors import LeaseLost
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
+
+if TYPE_CHECKING:  # the cron wrapper's path does not import the rollup
+    from cronwarden.stores.rollup import Rollup
 
 
 class Start(NamedTuple):
@@ -475,6 +478,33 @@ class Store(abc.ABC):
         """
         # Each cronwarden store reads the one row; this serves any other.
         return next((j for j in self.jobs() if j.name == name), None)
+
+    # -- rollups --------------------------------------------------------------
+
+    def rollups(self) -> "dict[str, Rollup] | None":
+        """Every job's rollup (``stores/rollup.py``), by job: kept in the
+        same atomic step as each write it counts (a run's start and end, a
+        refused or overlapping start), so it never disagrees with the
+        ledger it summarises. A row marked ``stale`` predates part of its
+        job's ledger and is not to be read until ``rebuild_rollups``.
+        None: this store keeps no rollups (the monitor reads the ledger).
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return None
+
+    def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
+        """Fold each job's ledger (``jobs``, or every job with a run or a
+        refused start) into its rollup again, with ``stores.rollup.fold``,
+        replacing the row. A job whose row changes while its ledger is read
+        (a run ends meanwhile) is read again. Returns the jobs written; 0 on
+        a store that keeps no rollups.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return 0
 
     # -- the outbox -----------------------------------------------------------
     # Each sink's outbox is the ledger minus what that sink has acknowledged:

@@ -66,6 +66,24 @@ LIMIT %s;
 -- name: rejected_counts --
 SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;
 
+-- name: rollups --
+-- Every job's rollup (stores/rollup.py), in Rollup's field order; the JSON
+-- columns as text, decoded by the reader (w_durations only on demand).
+SELECT job, stale, ended, CAST(outcomes AS TEXT), completed, duration_sum, last_start, last_success,
+       bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, CAST(skip_times AS TEXT),
+       w_runs, w_oldest, w_flagged, w_completed, CAST(w_outcomes AS TEXT), CAST(w_durations AS TEXT), p50, p95,
+       w_max, w_last_success, CAST(attempts AS TEXT)
+FROM {s}.rollups ORDER BY job;
+
+-- name: rollup_version --
+-- What a rebuild compares before it writes: a run that started or ended, or
+-- a refusal, while it read the ledger changes one of these.
+SELECT ended, last_start, skips, last_refusal, last_overlap FROM {s}.rollups WHERE job = %s;
+
+-- name: rollup_jobs --
+-- Every job with a run or a refused start: the jobs a rebuild folds.
+SELECT job FROM {s}.runs UNION SELECT job FROM {s}.rollups ORDER BY 1;
+
 -- name: keep_runs_cutoff --
 -- keep_runs: the start of the oldest run a job keeps (OFFSET keep_runs - 1),
 -- through the index runs (job, started_at).

@@ -25,11 +25,14 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronwarden.errors import StoreError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.stores.base import PRUNE_BUDGET, EventQuery, Pruned, Retention, Store, pruned_kinds_sql
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Entry, Rollup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = "-- name:"
@@ -228,9 +231,9 @@ class SqlStore(Store):
         """
 
     @abc.abstractmethod
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
         """One statement that writes, committed on its own (as in the
-        ``Store`` methods it serves, one atomic step).
+        ``Store`` methods it serves, one atomic step); the rows it changed.
 
         :raises StoreUnavailable: the store cannot be reached for now
         :raises StoreError: anything else the store refused
@@ -296,3 +299,44 @@ class SqlStore(Store):
 
     def rejected_counts(self) -> dict[str, int]:
         return {str(sink): int(n) for sink, n in self._fetch(self._shared["rejected_counts"], ())}
+
+    @abc.abstractmethod
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        """Write a rebuilt rollup and its window's entries if the job's row
+        is still what ``rollup_version`` read before the ledger was
+        (``seen``; None: there was no row), in one transaction. False: it
+        changed meanwhile."""
+
+    def rollups(self) -> dict[str, Rollup] | None:
+        from cronwarden.stores.rollup import from_row
+
+        return {row[0]: from_row(row) for row in self._fetch(self._shared["rollups"], ())}
+
+    def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
+        from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold
+
+        names = [r[0] for r in self._fetch(self._shared["rollup_jobs"], ())] if jobs is None else jobs
+        for job in names:
+            for _ in range(REBUILD_TRIES):
+                seen = self._fetch(self._shared["rollup_version"], (job,))
+                runs = self.runs(job, 2**62)
+                ended = sorted((r for r in runs if r.outcome is not None), key=_end_order)
+                events = self.events(
+                    EventQuery(job=job, kinds=ROLLUP_EVENT_KINDS, newest_first=False, limit=2**62)
+                )
+                rollup, recent = fold(job, runs, ended, events)
+                if self._save_rollup(rollup, recent, tuple(seen[0]) if seen else None):
+                    break
+            else:
+                raise StoreError(
+                    f"the rollup of job {job!r} changed {REBUILD_TRIES} times while being rebuilt"
+                )
+        return len(names)
+
+
+REBUILD_TRIES = 20
+
+
+def _end_order(r: RunRecord) -> tuple[float, float, str]:
+    """The order a rebuild folds ended runs in: the order they ended."""
+    return (r.ended_at or 0.0, r.started_at, r.run_id)

@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -77,6 +77,9 @@ from cronwarden.stores.base import (
     side_lease_key,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Entry, Rollup
 
 T = TypeVar("T")
 
@@ -384,8 +387,16 @@ class PostgresStore(SqlStore):
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         return self._call(lambda c: c.execute(sql, args).fetchall())
 
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
-        self._call(lambda c: c.execute(sql, args))
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
+        return self._call(lambda c: c.execute(sql, args).rowcount)
+
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        from cronwarden.stores.rollup import row_of
+
+        row = row_of(rollup, recent)
+        if seen is None:
+            return self._write(self._q["insert_rollup"], row) == 1
+        return self._write(self._q["update_rollup"], (*row, *seen)) == 1
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
         data: Mapping[str, Any] = raw  # jsonb: psycopg has decoded it

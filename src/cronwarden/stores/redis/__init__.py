@@ -103,6 +103,8 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.commands.core import Script
 
+    from cronwarden.stores.rollup import Rollup
+
 __all__ = [
     "DEFAULT_EVENTS_PER_JOB",
     "DEFAULT_PREFIX",
@@ -166,6 +168,7 @@ class RedisStore(Store):
         self._k_open, self._k_runs, self._k_ev, self._k_ev_run = p + "open", p + "runs", p + "ev", p + "ev:r"
         self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
         self._k_job_counts = p + "jobs:n"
+        self._k_rollups = [p + "rollup", p + "rollup:d", p + "rollup:w"]
         self._scripts = Scripts(self._client, Limits.of(runs_per_job, events_per_job))
 
     @classmethod
@@ -244,7 +247,7 @@ class RedisStore(Store):
         """The keys of ``acquire`` and ``finish`` (see their scripts)."""
         p = self.prefix
         return [f"{p}lease:{key}", f"{p}live:{key}", self._k_open, self._k_runs, self._index(job), self._k_ev,
-                self._k_ev_run, self._k_job_counts]  # fmt: skip
+                self._k_ev_run, self._k_job_counts, *self._k_rollups]  # fmt: skip
 
     @staticmethod
     def _start_fields(start: Start) -> list[str]:
@@ -368,7 +371,7 @@ class RedisStore(Store):
     def record(self, event: Event) -> None:
         fields = self._record_fields(event)
         keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs,
-                f"{self.prefix}eid:{event.event_id}"]  # fmt: skip
+                f"{self.prefix}eid:{event.event_id}", *self._k_rollups]  # fmt: skip
         self._call(self._scripts.record, keys, [_packed(fields)])
 
     # -- the bare lock ----------------------------------------------------
@@ -649,6 +652,50 @@ class RedisStore(Store):
     def job(self, name: str) -> JobInfo | None:
         [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))
         return None if raw is None else JobInfo(**json.loads(raw))
+
+    # -- rollups -----------------------------------------------------------
+
+    def rollups(self) -> dict[str, Rollup] | None:
+        from cronwarden.stores.rollup import Rollup
+
+        summaries, durations = self._read(
+            lambda pipe: (pipe.hgetall(self._k_rollups[0]), pipe.hgetall(self._k_rollups[1]))
+        )
+        out = {}
+        for job in sorted(summaries):
+            fields = json.loads(summaries[job])
+            fields["skip_times"] = tuple(fields["skip_times"])
+            fields["attempts"] = json.dumps(fields.get("attempts", []))
+            out[job] = Rollup(job=job, w_durations=durations.get(job, "[]"), **fields)
+        return out
+
+    def _rollup_seen(self, job: str) -> str | None:
+        [seen] = self._read(lambda pipe: pipe.hget(self._k_rollups[0], job))
+        return None if seen is None else str(seen)
+
+    def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
+        from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold, summary_json
+
+        if jobs is None:
+            [known] = self._read(lambda pipe: pipe.hkeys(self._k_rollups[0]))
+            jobs = sorted(set(known) | set(self._ledger_jobs()))
+        for job in jobs:
+            for _ in range(20):
+                seen = self._rollup_seen(job)
+                runs = self.runs(job, 2**62)
+                ended = sorted((r for r in runs if r.outcome is not None),
+                               key=lambda r: (r.ended_at or 0.0, r.started_at, r.run_id))  # fmt: skip
+                events = self.events(
+                    EventQuery(job=job, kinds=ROLLUP_EVENT_KINDS, newest_first=False, limit=2**62)
+                )
+                rollup, recent = fold(job, runs, ended, events)
+                window = json.dumps([list(e) for e in recent])
+                args = [job, seen or "", summary_json(rollup), rollup.w_durations, window]
+                if self._call(self._scripts.save_rollup, self._k_rollups, args):
+                    break
+            else:
+                raise StoreError(f"the rollup of job {job!r} changed 20 times while being rebuilt")
+        return len(jobs)
 
     # -- the outbox -------------------------------------------------------
 

@@ -42,7 +42,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
@@ -70,6 +70,9 @@ from cronwarden.stores.base import (
     side_lease_key,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Entry, Rollup
 
 T = TypeVar("T")
 
@@ -287,9 +290,28 @@ class SqliteStore(SqlStore):
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         return self._read(lambda db: db.execute(sql, args).fetchall())
 
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
         with self._tx() as db:
-            db.execute(sql, args)
+            return db.execute(sql, args).rowcount
+
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        from cronwarden.stores.rollup import ROLLUP_RUNS, row_of
+
+        row = row_of(rollup, recent)[:-1]  # the window is rows of its own here
+        q = self._q
+        with self._tx() as db:
+            if seen is None:
+                written = db.execute(q["insert_rollup"], row).rowcount
+            else:
+                written = db.execute(q["update_rollup"], (*row, *seen)).rowcount
+            if written != 1:
+                return False
+            db.execute(q["forget_window"], (rollup.job,))
+            first = rollup.ended - len(recent)
+            db.executemany(q["insert_window"], [
+                (rollup.job, (first + k) % ROLLUP_RUNS, *e) for k, e in enumerate(recent)
+            ])  # fmt: skip
+            return True
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
         data: Mapping[str, Any] = json.loads(raw)
