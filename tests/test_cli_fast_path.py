@@ -174,6 +174,7 @@ def test_a_skip_is_flushed_and_the_process_tears_down(tmp_path: Path) -> None:
 
 def test_other_commands_and_runs_with_sinks_tear_down_too(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cw.db'}"
+    open_store(url).close()  # status reads a ledger that exists; it creates none
     p, teardown = run_console(tmp_path, "status", "--store", url)
     assert p.returncode == 0 and teardown
     config = tmp_path / "cronwarden.toml"

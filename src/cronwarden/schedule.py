@@ -15,6 +15,17 @@ from typing import Any
 from cronwarden.durations import format_duration, parse_positive_duration
 from cronwarden.errors import UsageError
 
+MACROS = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
+"""cron's shorthands, as Vixie cron and cronie read them."""
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -31,7 +42,20 @@ class Schedule:
 
     @classmethod
     def cron_(cls, expr: str, tz: str | None = None) -> Schedule:
-        sched = cls(text=expr.strip(), cron=expr.strip(), tz=tz)
+        text = expr.strip()
+        cron = MACROS.get(text.lower(), text)
+        if text.lower() == "@reboot":
+            raise UsageError("schedule @reboot has no fire times to guard; start the job from the "
+                             "boot itself (a systemd unit, cron's own @reboot line) with cronwarden "
+                             "run")  # fmt: skip
+        if cron.startswith("@"):
+            raise UsageError(f"schedule {text!r} is not a cron macro; expected one of {', '.join(MACROS)} "
+                             "or five fields like '*/10 * * * *'")  # fmt: skip
+        if len(cron.split()) == 6:
+            raise UsageError(f"schedule {text!r} has six fields; cron has five (minute hour day month "
+                             "weekday), without seconds: for a period under a minute use --every "
+                             "(every = \"30s\" in a config file)")  # fmt: skip
+        sched = cls(text=text, cron=cron, tz=tz)
         sched._zone()  # validate the time zone now
         sched._iter(datetime(2026, 1, 1, tzinfo=sched._zone()))  # and the expression
         return sched

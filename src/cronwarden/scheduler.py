@@ -441,7 +441,7 @@ class InProcess:
         try:
             options = Options(
                 ttl=st.ttl, policy=st.policy, shard=fire.shard, max_runtime=st.max_runtime,
-                max_pending=st.max_pending, replace_grace=st.replace_grace,
+                max_pending=st.max_pending, replace_grace=st.replace_grace, renew_every=st.renew_every,
                 allow_unpartitioned=st.allow_unpartitioned, slot=fire.slot,
             )  # fmt: skip
             guard = Guard(self.warden, job.name, options)
@@ -498,7 +498,8 @@ class InProcess:
             guard.end(run, e)
             raise
         again = options.policy is Policy.QUEUE and fire.relay.signalled is None
-        ending = guard.end(run, exit_code=exited.code, stopped_by=exited.stopped_by, again=again)
+        ending = guard.end(run, exited.interrupted, exit_code=exited.code, stopped_by=exited.stopped_by,
+                           again=again)  # fmt: skip
         self._say(fire, f"ended: {ending.end.outcome.value}, exit status {exited.code}")
         if self.ended is not None:
             self.ended()

@@ -47,7 +47,7 @@ def url(tmp_path: Path) -> str:
 BAD = [
     (["run", "--job", "x", "--colour", "red", "--", "true"], 2, ["unrecognized arguments", "--colour"]),
     (["run", "--job", "x", "true"], 2, ["put the command after --"]),
-    (["run", "--job", "x", "--"], 2, ["no command after --"]),
+    (["run", "--job", "x", "--"], 2, ["no command; put it after --"]),
     (["run", "--", "true"], 2, ["--job"]),
     (["run", "--job", "x", "--ttl", "ten", "--", "true"], 2, ["--ttl", "90s", "'ten'"]),
     (["run", "--job", "x", "--ttl", "0s", "--", "true"], 2, ["--ttl", "greater than zero"]),

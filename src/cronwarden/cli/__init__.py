@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cronwarden.cli.args import parse_plain
@@ -46,7 +46,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cronwarden.cli.fence",
         "fence check: is this run's fencing token still the newest? (best effort)",
     ),
+    "prune": ("cronwarden.cli.prune", "delete the runs and events the ledger's retention no longer keeps"),
     "ack": ("cronwarden.cli.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),
+    "rollup": ("cronwarden.cli.rollup", "each job's statistics the store keeps as runs end; --rebuild"),
     "snooze": (
         "cronwarden.cli.snooze",
         "keep a job's findings from alerting sinks for a while, with a reason",
@@ -71,7 +73,8 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:
-            raise UsageError(f"{self.prog.removeprefix('cronwarden').strip() or 'usage'}: {message} "
+            hint = _did_you_mean(message, self.format_help())
+            raise UsageError(f"{self.prog.removeprefix('cronwarden').strip() or 'usage'}: {message}{hint} "
                              f"(see {self.prog} --help)")  # fmt: skip
 
     def formatter(prog: str) -> argparse.HelpFormatter:
@@ -88,6 +91,29 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return p
 
 
+def _did_you_mean(message: str, help_text: str) -> str:
+    """ "; did you mean --ttl?" for the first misspelt flag argparse names in
+    ``message``, among the flags its ``help_text`` lists; else ""."""
+    import re
+
+    if "unrecognized arguments:" not in message:
+        return ""
+    known = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text))
+    for word in message.split("unrecognized arguments:", 1)[1].split():
+        if word.startswith("--"):
+            close = _closest(word.partition("=")[0], known)
+            if close:
+                return f"; did you mean {close}?"
+    return ""
+
+
+def _closest(word: str, choices: Iterable[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
 def _overview() -> str:
     from cronwarden import __version__
 
@@ -102,7 +128,8 @@ def _overview() -> str:
         *(f"  {n.ljust(width)}  {h}" for n, (_, h) in COMMANDS.items()),
         "",
         "first run:  cronwarden demo",
-        "cron line:  */10 * * * *  cronwarden run --job reconcile --every 10m -- /opt/bin/reconcile",
+        "cron line:  */10 * * * *  /usr/local/bin/cronwarden run --job reconcile --every 10m -- /opt/bin/job",
+        "            (cron's PATH is /usr/bin:/bin: give the path `command -v cronwarden` prints)",
     ]
     return "\n".join(lines)
 
@@ -126,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         name = args[0]
         if name not in COMMANDS:
-            raise UsageError(f"unknown command {name!r}; expected one of {', '.join(COMMANDS)}")
+            close = _closest(name, COMMANDS)
+            hint = f"; did you mean {close}?" if close else f"; expected one of {', '.join(COMMANDS)}"
+            raise UsageError(f"unknown command {name!r}{hint} (see cronwarden --help)")
         flags = getattr(importlib.import_module(COMMANDS[name][0]), "FLAGS", None)
         parsed: Any = None if flags is None else parse_plain(flags, args[1:])
         if parsed is None:

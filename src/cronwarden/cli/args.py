@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from cronwarden.errors import UsageError
+
 if TYPE_CHECKING:
     import argparse
 
@@ -51,6 +53,21 @@ def store_url(args: Any, configured: str | None = None) -> str:
         if path is not None:
             configured = read(path).store
     return resolve_url(flag, configured)
+
+
+def existing_store_url(args: Any, configured: str | None = None) -> str:
+    """``store_url`` for a command that only reads the ledger: a SQLite file
+    that does not exist is said, not created (opening a SQLite store creates
+    it, and a mistyped path would read as an empty ledger)."""
+    url = store_url(args, configured)
+    if url.startswith("sqlite:"):
+        from cronwarden.stores.sqlite import path_of
+
+        path = path_of(url)
+        if not os.path.exists(path):
+            raise UsageError(f"no ledger at {path}: nothing has been recorded there (a first cronwarden run "
+                             "creates it); give the --store your jobs write to")  # fmt: skip
+    return url
 
 
 def add_flags(p: argparse.ArgumentParser, flags: Mapping[str, Mapping[str, Any]]) -> None:
@@ -98,7 +115,9 @@ def parse_plain(flags: Mapping[str, Mapping[str, Any]], argv: Sequence[str]) -> 
     if len(groups) != len(set(groups)) or any(s.get("required") and n not in given for n, s in flags.items()):
         return None
     ns = SimpleNamespace(command=list(argv[end:]))
-    for name, spec in flags.items():
+    # Flags not given first: two spellings of one setting share a ``dest``
+    # (--timezone, --tz), and the one given must win.
+    for name, spec in sorted(flags.items(), key=lambda item: item[0] in given):
         convert = spec.get("type")
         result: Any
         if name not in given:
@@ -112,3 +131,19 @@ def parse_plain(flags: Mapping[str, Mapping[str, Any]], argv: Sequence[str]) -> 
             result = given[name]
         setattr(ns, spec.get("dest", name[2:].replace("-", "_")), result)
     return ns
+
+
+def retention(store: Any, config: Any, *, max_age: float | None = None, keep_runs: int | None = None) -> Any:
+    """What to keep, written once: flags > the store URL's ``retention`` and
+    ``keep_runs`` > the config file's (``Config.retention``, ``keep_runs``)."""
+    from cronwarden.stores.base import Retention
+
+    url = store.retention
+    return Retention(
+        max_age if max_age is not None else url.max_age if url.max_age is not None else config.retention,
+        keep_runs
+        if keep_runs is not None
+        else url.keep_runs
+        if url.keep_runs is not None
+        else config.keep_runs,
+    )

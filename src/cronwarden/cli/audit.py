@@ -45,7 +45,7 @@ def main_audit(args: Any, *, clock: Clock = SYSTEM_CLOCK, out: TextIO | None = N
     from cronwarden.cli.text import table
 
     out = out or sys.stdout
-    store = open_store_of(args, clock)
+    store = open_store_of(args, clock, existing=True)
     try:
         monitor = open_monitor(args, store, clock)
         all_stats = monitor.audit()
@@ -113,7 +113,7 @@ def _pass_json(result: Pass) -> dict[str, Any]:
 
 def main_check(args: Any, *, clock: Clock = SYSTEM_CLOCK, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    store = open_store_of(args, clock)
+    store = open_store_of(args, clock, existing=True)
     try:
         result = open_monitor(args, store, clock).evaluate(record=not args.dry_run)
     finally:
@@ -154,7 +154,7 @@ def main_metrics(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     from cronwarden.monitor.metrics import exposition, require_prometheus_client
 
     require_prometheus_client()
-    store = open_store_of(args, clock)
+    store = open_store_of(args, clock, existing=True)
     try:
         text = exposition(open_monitor(args, store, clock))
     finally:

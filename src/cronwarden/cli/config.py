@@ -19,8 +19,8 @@ POLICY_ONLY = {"max_pending": Policy.QUEUE, "replace_grace": Policy.REPLACE, "sh
                "allow_unpartitioned": Policy.ALLOW}  # fmt: skip
 """Settings shown only for the policy they belong to."""
 
-SHOWN = ("schedule", "timezone", "every", "policy", "reason", "ttl", "grace", "max_runtime", "max_pending",
-         "replace_grace", "shards", "allow_unpartitioned", "command", "failure_threshold",
+SHOWN = ("schedule", "timezone", "every", "policy", "reason", "ttl", "renew_every", "grace", "max_runtime",
+         "max_pending", "replace_grace", "shards", "allow_unpartitioned", "command", "failure_threshold",
          "recovery_threshold", "maintenance")  # fmt: skip
 
 

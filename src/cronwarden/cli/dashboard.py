@@ -29,7 +29,11 @@ examples:
   cronwarden dashboard --store postgresql://cw@db/cron --listen 0.0.0.0:8370 --config cronwarden.toml
 
 It only reads the ledger: no finding is recorded and no run is marked abandoned (cronwarden monitor
-does that). It has no login: listen on loopback (the default) or behind a proxy that asks for one."""
+does that). On loopback (the default) it asks for no login; anywhere else it needs --token or
+$CRONWARDEN_DASHBOARD_TOKEN, sent as "Authorization: Bearer TOKEN" or through the login form at
+/login (a cookie). Every answer carries a Content-Security-Policy, X-Frame-Options: DENY and
+X-Content-Type-Options: nosniff; a request with two Content-Lengths, or a length and a
+Transfer-Encoding, is refused (400) and its connection closed."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -45,7 +49,21 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh", type=refresh, metavar="DURATION",
                    help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+    add_token_flag(p)
     add_window_flags(p)
+
+
+def add_token_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token", metavar="TOKEN",
+                   help="require this token (16+ characters) of every request: a bearer header or the "
+                   "login form's cookie (default: $CRONWARDEN_DASHBOARD_TOKEN; needed to listen beyond "
+                   "loopback)")  # fmt: skip
+
+
+def token_of(args: Any) -> str | None:
+    """``--token`` > ``$CRONWARDEN_DASHBOARD_TOKEN`` (the environment keeps it
+    off the world-readable command line)."""
+    return getattr(args, "token", None) or os.environ.get("CRONWARDEN_DASHBOARD_TOKEN") or None
 
 
 def refresh(text: str) -> float:
@@ -71,18 +89,12 @@ def open_dashboard(args: Any, clock: Clock) -> Dashboard:
     """The dashboard over ``args``' store (a connection of its own), window,
     thresholds and config file; ``Dashboard.close`` closes the store. A store
     that cannot be read is said now (exit 75, or 2), not on the first page."""
-    from cronwarden.cli.args import store_url
+    from cronwarden.cli.args import existing_store_url
     from cronwarden.cli.window import open_monitor
     from cronwarden.stores import open_store
     from cronwarden.web import DEFAULT_REFRESH, Dashboard
 
-    url = store_url(args)
-    if url.startswith("sqlite:"):
-        from cronwarden.stores.sqlite import path_of
-
-        # Opening a SQLite store creates it: a mistyped path would serve an empty ledger.
-        if not os.path.exists(path_of(url)):
-            raise UsageError(f"no ledger at {path_of(url)}: give the --store your jobs write to")
+    url = existing_store_url(args)
     store = open_store(url, clock=clock)
     try:
         store.jobs()
@@ -105,7 +117,19 @@ def request_log(args: Any) -> Callable[[str], None] | None:
 def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     from cronwarden.web import serve
 
-    dashboard = open_dashboard(args, clock)
+    asked: list[int] = []
+    # A SIGTERM while the store is opened (a new PostgreSQL schema takes a
+    # while on a busy host) is a stop too, not a death by signal.
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: asked.append(signum))
+    try:
+        dashboard = open_dashboard(args, clock)
+    except BaseException:
+        signal.signal(signal.SIGTERM, previous)
+        raise
+    if asked:
+        signal.signal(signal.SIGTERM, previous)
+        dashboard.close()
+        return 0
     host, port = args.listen
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -114,9 +138,9 @@ def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     def ready(url: str) -> None:
         print(f"cronwarden dashboard: {url} (Ctrl-C to stop)", flush=True)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
-        serve(dashboard, host, port, ready=ready, log=request_log(args))
+        serve(dashboard, host, port, ready=ready, log=request_log(args), token=token_of(args))
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,4 +1,5 @@
-"""``cronwarden demo``: the seed incident in compressed time.
+"""``cronwarden demo``: an overlap incident in compressed time, shown as it
+happens.
 
 A reconciliation job fires every "ten minutes" (here 0.8 s). Each run takes
 the closed windows that have no snapshot yet, works for a while, then writes
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 PERIOD = 0.8
@@ -50,13 +52,65 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
 
 
-def _fire_all(commands: list[list[str]], t0: float, work: str) -> list[tuple[float, int]]:
-    """Start one command per slot on the clock, like cron; wait for all."""
-    procs = []
+class Screen:
+    """The demo's output: timeline lines as they happen, and on a terminal a
+    progress line under them, redrawn in place."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self._progress = ""
+
+    def say(self, line: str = "") -> None:
+        if self.tty and self._progress:
+            sys.stdout.write("\r\x1b[K")  # the progress line gives way, then comes back below
+        sys.stdout.write(line + "\n")
+        if self.tty and self._progress:
+            sys.stdout.write(self._progress)
+        sys.stdout.flush()
+
+    def progress(self, text: str) -> None:
+        if not self.tty:
+            return
+        self._progress = text
+        sys.stdout.write("\r\x1b[K" + text)
+        sys.stdout.flush()
+
+    def done(self) -> None:
+        if self.tty and self._progress:
+            sys.stdout.write("\r\x1b[K")
+            sys.stdout.flush()
+        self._progress = ""
+
+
+def _fire_all(commands: list[list[str]], t0: float, work: str, screen: Screen, phase: str,
+              on_fire: Callable[[int, float], None],
+              tick: Callable[[], None]) -> list[tuple[float, int]]:  # fmt: skip
+    """Start one command per slot on the clock, like cron, saying each as it
+    happens (``on_fire``; ``tick`` between); wait for all."""
+    procs: list[tuple[float, subprocess.Popen[str]]] = []
+
+    def wait_until(deadline: float | None) -> None:
+        while True:
+            tick()
+            running = sum(p.poll() is None for _, p in procs)
+            screen.progress(f"   [{phase}] t={time.time() - t0:5.2f}s  slot {len(procs)}/{len(commands)} "
+                            f"fired, {running} running")  # fmt: skip
+            now = time.time()
+            if deadline is None:
+                if not running:
+                    return
+            elif now >= deadline:
+                return
+            time.sleep(min(0.1, max(0.0, (deadline or now + 0.1) - now)))
+
     for i, argv in enumerate(commands):
-        fire = t0 + (i + 1) * PERIOD
-        time.sleep(max(0.0, fire - time.time()))
-        procs.append((time.time() - t0, subprocess.Popen(argv, cwd=work, stderr=subprocess.PIPE, text=True)))
+        wait_until(t0 + (i + 1) * PERIOD)
+        at = time.time() - t0
+        procs.append((at, subprocess.Popen(argv, cwd=work, stderr=subprocess.PIPE, text=True)))
+        on_fire(i, at)
+    wait_until(None)
+    tick()
+    screen.done()
     out = []
     for at, p in procs:
         _, err = p.communicate(timeout=60)
@@ -83,27 +137,35 @@ def _fresh_db(path: str) -> None:
         db.execute("CREATE TABLE snapshots (window INTEGER, run TEXT, at REAL)")
 
 
-def _naive(work: str) -> dict[int, list[str]]:
-    print(f"1. plain cron: every {PERIOD}s ('ten minutes') a new run starts, whatever is still running")
+def _naive(work: str, screen: Screen) -> dict[int, list[str]]:
+    screen.say(f"1. plain cron: every {PERIOD}s ('ten minutes') a new run starts, whatever is still running")
     snaps = os.path.join(work, "naive.db")
     _fresh_db(snaps)
     t0 = time.time()
     cmds = [[sys.executable, "-c", JOB, snaps, repr(t0), repr(PERIOD), repr(d), f"run#{i}"]
             for i, d in enumerate(DURATIONS)]  # fmt: skip
-    fired = _fire_all(cmds, t0, work)
-    for i, (at, _) in enumerate(fired):
-        running = [j for j, (a, _) in enumerate(fired[:i]) if a + DURATIONS[j] > at]
+    fired: list[float] = []
+
+    def on_fire(i: int, at: float) -> None:
+        running = [j for j, a in enumerate(fired) if a + DURATIONS[j] > at]
+        fired.append(at)
         note = f"  <- starts while run#{', run#'.join(map(str, running))} still running" if running else ""
-        print(f"   t={at:5.2f}s  slot {i:02d}  run#{i} starts (takes {DURATIONS[i]:.2f}s){note}")
+        screen.say(f"   t={at:5.2f}s  slot {i:02d}  run#{i} starts (takes {DURATIONS[i]:.2f}s){note}")
+
+    _fire_all(cmds, t0, work, screen, "plain cron", on_fire, lambda: None)
     rows = _snapshots(snaps)
     dup = _twice(rows)
     for w, runs in sorted(dup.items()):
-        print(f"   window {w:02d} snapshotted {len(runs)} times, by {' and '.join(runs)}")
+        screen.say(f"   window {w:02d} snapshotted {len(runs)} times, by {' and '.join(runs)}")
     return dup
 
 
-def _guarded(work: str, store_url: str) -> tuple[dict[int, list[str]], Any]:
-    print(f"\n2. the same schedule under cronwarden run (policy skip, ttl {PERIOD * 4:g}s)")
+def _guarded(work: str, store_url: str, screen: Screen) -> tuple[dict[int, list[str]], Any]:
+    from cronwarden.events import EventKind
+    from cronwarden.stores import open_store
+    from cronwarden.stores.base import EventQuery
+
+    screen.say(f"\n2. the same schedule under cronwarden run (policy skip, ttl {PERIOD * 4:g}s)")
     snaps = os.path.join(work, "guarded.db")
     _fresh_db(snaps)
     t0 = time.time()
@@ -111,40 +173,48 @@ def _guarded(work: str, store_url: str) -> tuple[dict[int, list[str]], Any]:
              "--ttl", f"{PERIOD * 4}s", "--store", store_url, "--quiet", "--",
              sys.executable, "-c", JOB, snaps, repr(t0), repr(PERIOD), repr(d), f"slot{i:02d}"]
             for i, d in enumerate(DURATIONS)]  # fmt: skip
-    _fire_all(cmds, t0, work)
-    from cronwarden.events import EventKind
-    from cronwarden.stores import open_store
-    from cronwarden.stores.base import EventQuery
-
     store = open_store(store_url)
-    try:
+    said: list[Any] = []
+    seen: set[str] = set()
+
+    def tick() -> None:
+        """Say the ledger's new events, as the runs write them."""
         events = store.events(EventQuery(job="reconcile", limit=1000, newest_first=False))
+        for e in events:
+            if e.event_id in seen:
+                continue
+            seen.add(e.event_id)
+            said.append(e)
+            rel = e.at - t0
+            rid = (e.run_id or "")[:8]
+            if e.kind is EventKind.STARTED:
+                screen.say(f"   t={rel:5.2f}s  run {rid} started, fencing token {e.data['token']}")
+            elif e.kind is EventKind.SKIPPED:
+                holder = str(e.data["holder_run_id"])[:8]
+                screen.say(f"   t={rel:5.2f}s  SKIPPED slot: run {holder} (pid {e.data['holder_pid']}) still "
+                           f"open, running for {e.data['holder_age']:.2f}s; recorded as {rid}")  # fmt: skip
+            else:
+                dur = e.data.get("duration")
+                screen.say(
+                    f"   t={rel:5.2f}s  run {rid} {e.kind.value}" + (f" after {dur:.2f}s" if dur else "")
+                )
+
+    try:
+        _fire_all(cmds, t0, work, screen, "cronwarden", lambda _i, _at: None, tick)
     finally:
         store.close()
-    short = {e.run_id: (e.run_id or "")[:8] for e in events}
-    for e in events:
-        rel = e.at - t0
-        rid = short[e.run_id]
-        if e.kind is EventKind.STARTED:
-            print(f"   t={rel:5.2f}s  run {rid} started, fencing token {e.data['token']}")
-        elif e.kind is EventKind.SKIPPED:
-            holder = str(e.data["holder_run_id"])[:8]
-            print(f"   t={rel:5.2f}s  SKIPPED slot: run {holder} (pid {e.data['holder_pid']}) still "
-                  f"open, running for {e.data['holder_age']:.2f}s; recorded as {rid}")  # fmt: skip
-        else:
-            dur = e.data.get("duration")
-            print(f"   t={rel:5.2f}s  run {rid} {e.kind.value}" + (f" after {dur:.2f}s" if dur else ""))
     dup = _twice(_snapshots(snaps))
-    return dup, events
+    return dup, said
 
 
 def main(args: Any) -> int:
     work = tempfile.mkdtemp(prefix="cronwarden-demo-")
     try:
         store_url = f"sqlite:///{os.path.join(work, 'cronwarden.db')}"
-        print("cronwarden demo: a reconciliation job whose runtime creeps up, and one slow night\n")
-        naive_dup = _naive(work)
-        guarded_dup, events = _guarded(work, store_url)
+        screen = Screen()
+        screen.say("cronwarden demo: a reconciliation job whose runtime creeps up, and one slow night\n")
+        naive_dup = _naive(work, screen)
+        guarded_dup, events = _guarded(work, store_url, screen)
         from cronwarden.events import EventKind
 
         skips = [e for e in events if e.kind is EventKind.SKIPPED]

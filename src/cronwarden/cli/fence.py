@@ -59,14 +59,14 @@ def _given(value: str | None, env: str, flag: str) -> str:
 
 
 def main(args: Any) -> int:
-    from cronwarden.cli.args import store_url
+    from cronwarden.cli.args import existing_store_url
     from cronwarden.fence import check_token
     from cronwarden.stores import open_store
 
     token = check_token(_given(args.token, "CRONWARDEN_FENCING_TOKEN", "--token"))
     key = _given(args.lease_key, "CRONWARDEN_LEASE_KEY", "--lease-key")
     run_id = args.run_id if args.run_id is not None else os.environ.get("CRONWARDEN_RUN_ID")
-    store = open_store(store_url(args))
+    store = open_store(existing_store_url(args))
     try:
         info = store.lease(key)
     finally:

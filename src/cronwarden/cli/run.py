@@ -70,6 +70,7 @@ def _flags(args: Any) -> dict[str, Any]:
         "reason": None if reason is None else reason.strip(), "grace": args.grace,
         "max_runtime": args.max_runtime, "max_pending": args.max_pending,
         "replace_grace": args.replace_grace, "allow_unpartitioned": args.allow_unpartitioned,
+        "renew_every": args.renew_every,
     }  # fmt: skip
 
 
@@ -160,21 +161,37 @@ def _slot(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"--slot must be a time in epoch seconds like 1764583800, got {text!r}")
+    if not math.isfinite(value) or not 0 <= value <= LATEST_SLOT:
+        raise UsageError(f"--slot must be a time in epoch seconds up to the year 9999, like 1764583800, "
+                         f"got {text!r}")  # fmt: skip
     return value
+
+
+LATEST_SLOT = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: a later slot is a mistake, and no date can show it."""
+MIN_TTL = 1.0
+"""The shortest ``--ttl``: a lease renewed every ttl/3 needs room for a round
+trip to the store and a late wake-up on a busy host, or it is always lost."""
+
+
+def _ttl(text: str) -> float:
+    seconds = duration("--ttl")(text)
+    if seconds < MIN_TTL:
+        raise UsageError(f"--ttl must be at least 1s (it is renewed every ttl/3, each renewal a round "
+                         f"trip to the store), got {text!r}")  # fmt: skip
+    return seconds
 
 
 FLAGS: dict[str, dict[str, Any]] = {
     "--job": {"required": True, "help": "job name (letters, digits, _ . @ -)"},
     "--config": {"metavar": "PATH", "help": "config file (default: $CRONWARDEN_CONFIG, else "
                  "./cronwarden.toml if present); the job's settings there are the defaults of these flags"},
-    "--ttl": {"type": duration("--ttl"), "metavar": "DURATION",
+    "--ttl": {"type": _ttl, "metavar": "DURATION",
               "help": "lease time-to-live, renewed every ttl/3 (default 60s)"},
     "--every": {"group": "when", "metavar": "DURATION",
                 "help": "the job's period, e.g. 10m (slots, monitor)"},
     "--schedule": {"group": "when", "metavar": "CRON",
-                   "help": "the job's cron expression, e.g. '*/10 * * * *'"},
+                   "help": "the job's cron expression, e.g. '*/10 * * * *' or @daily (five fields)"},
     "--timezone": {"group": "zone", "dest": "timezone", "metavar": "ZONE",
                    "help": "IANA time zone of --schedule, e.g. Europe/Berlin (default: local); the config "
                    "key is timezone"},
@@ -219,9 +236,10 @@ with them, without importing argparse. Keys of each entry are argparse's;
 def configure(p: argparse.ArgumentParser) -> None:
     import argparse
 
-    p.usage = "cronwarden run --job NAME [options] -- COMMAND [ARG...]"
+    p.usage = "cronwarden run --job NAME [options] [-- COMMAND [ARG...]]"
     p.description = (
-        "Run COMMAND under the job's lease. A start while another run holds it follows the "
+        "Run COMMAND under the job's lease (without one, the job's command from the config "
+        "file). A start while another run holds it follows the "
         "policy (default skip: recorded with the holder's run id, host, pid and age)."
     )
     p.epilog = EPILOG
@@ -235,11 +253,9 @@ def main(args: Any) -> int:
     from cronwarden.config import find, load, resolve
 
     command = list(args.command)
-    if not command or command[0] != "--":
+    if command and command[0] != "--":
         raise UsageError("run: put the command after --, e.g. cronwarden run --job NAME -- ./job.sh")
     command = command[1:]
-    if not command:
-        raise UsageError("run: no command after --; expected e.g. cronwarden run --job NAME -- ./job.sh")
 
     # From the scheduler: its store, for this run only (never the command's).
     scheduler_store = _scheduler_store(os.environ.pop(ENV_SCHEDULER_STORE, None))
@@ -248,13 +264,20 @@ def main(args: Any) -> int:
     config_path = find(args.config)
     config = load(config_path, job=args.job)
     settings = resolve(args.job, config, _flags(args))
+    if not command:
+        # The job's configured command (the one the scheduler runs), by hand.
+        command = list(settings.command)
+        if not command:
+            raise UsageError(f"run: no command; put it after --, e.g. cronwarden run --job {args.job} "
+                             f"-- ./job.sh, or give [jobs.{args.job}] a command = [...] in the config "
+                             "file")  # fmt: skip
     if args.timezone and settings.schedule is None:
         raise UsageError("--timezone applies to a cron schedule; give --schedule 'CRON' too")
     _check_partition(settings, args.shard, config_path)
     schedule = _schedule(settings)
     now = SYSTEM_CLOCK.wall()
     options = Options(
-        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=args.renew_every,
+        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=settings.renew_every,
         max_runtime=settings.max_runtime, max_pending=settings.max_pending,
         replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
         slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),
@@ -290,6 +313,7 @@ def main(args: Any) -> int:
         try:
             return _supervise(args, command, options, guard, started, relay, _command_env(args, url))
         finally:
+            _prune_a_little(warden.store, config, args.job)
             if config.sinks:
                 # Deliver this run's events within [sinks] flush_timeout; never
                 # raises, never changes the exit status. Imported only here.
@@ -301,6 +325,26 @@ def main(args: Any) -> int:
 
 EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_REPLACED,
                    Outcome.TIMED_OUT: EXIT_TIMED_OUT}  # fmt: skip
+
+
+RUN_PRUNE_BUDGET = 50
+"""Events a run's end prunes at most: a few milliseconds (bench/retention.py),
+so that a ledger with retention never grows between monitoring passes."""
+
+
+def _prune_a_little(store: Store, config: Any, job: str) -> None:
+    """One small retention step, if the store URL or the config says what to
+    keep; never changes the run's exit status."""
+    from cronwarden.cli.args import retention
+    from cronwarden.clock import SYSTEM_CLOCK
+    from cronwarden.errors import StoreError
+
+    keep = retention(store, config)
+    if keep.active:
+        try:
+            store.prune(keep, SYSTEM_CLOCK.wall(), jobs=[job], budget=RUN_PRUNE_BUDGET)
+        except StoreError:
+            pass  # the next run or the monitor will
 
 
 def _scheduler_store(given: str | None) -> str | None:

@@ -14,10 +14,10 @@ from cronwarden.monitor.views import dur, history_items, history_note, open_run_
 
 
 def _open(args: Any) -> Any:
-    from cronwarden.cli.args import store_url
+    from cronwarden.cli.args import existing_store_url
     from cronwarden.stores import open_store
 
-    return open_store(store_url(args))
+    return open_store(existing_store_url(args))
 
 
 def configure_status(p: argparse.ArgumentParser) -> None:

@@ -111,11 +111,13 @@ def _from_config(args: Any) -> tuple[list[JobInfo], dict[str, JobRules], JobRule
     return jobs, rules, default
 
 
-def open_store_of(args: Any, clock: Clock) -> Store:
-    from cronwarden.cli.args import store_url
+def open_store_of(args: Any, clock: Clock, *, existing: bool = False) -> Store:
+    """``args``' store; with ``existing``, for a command that only reads it,
+    a SQLite file that does not exist is an error, not a new empty ledger."""
+    from cronwarden.cli.args import existing_store_url, store_url
     from cronwarden.stores import open_store
 
-    return open_store(store_url(args), clock=clock)
+    return open_store((existing_store_url if existing else store_url)(args), clock=clock)
 
 
 def open_monitor(args: Any, store: Store, clock: Clock) -> Monitor:

@@ -49,7 +49,7 @@ DEFAULT_TTL = 60.0
 DEFAULT_REPLACE_GRACE = 10.0
 DEFAULT_MAX_PENDING = 1
 
-DURATION_KEYS = ("ttl", "grace", "max_runtime", "replace_grace")
+DURATION_KEYS = ("ttl", "grace", "max_runtime", "replace_grace", "renew_every")
 JOB_KEYS = (
     "schedule",
     "timezone",
@@ -72,7 +72,7 @@ MONITOR_KEYS = ("failure_threshold", "recovery_threshold", "maintenance")
 DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone", *MONITOR_KEYS)
 """What ``[defaults]`` may set. Not ``policy``: a policy is chosen per job,
 with its own reason, or it is the default (skip)."""
-TOP_KEYS = ("store", "defaults", "jobs", "sinks")
+TOP_KEYS = ("store", "retention", "keep_runs", "defaults", "jobs", "sinks")
 
 ENV_KEYS: Mapping[str, str] = {
     "ttl": "CRONWARDEN_TTL",
@@ -134,6 +134,8 @@ class JobSettings(NamedTuple):
     max_runtime: float | None = None
     max_pending: int = DEFAULT_MAX_PENDING
     replace_grace: float = DEFAULT_REPLACE_GRACE
+    renew_every: float | None = None
+    """Heartbeat interval (None: a third of the ttl)."""
     shards: tuple[str, ...] = ()
     allow_unpartitioned: bool = False
     command: tuple[str, ...] = ()
@@ -183,6 +185,11 @@ class Config(NamedTuple):
     """The file's raw ``[sinks]`` table (``cronwarden.sinks.load_sinks`` reads it);
     its problems are in ``problems`` and in ``sink_problems``."""
     sink_problems: tuple[Problem, ...] = ()
+    retention: float | None = None
+    """The file's ``retention``: seconds of the ledger to keep (the store
+    URL's ``retention`` wins)."""
+    keep_runs: int | None = None
+    """The file's ``keep_runs``: finished runs to keep per job (the URL's wins)."""
 
     def job(self, name: str) -> JobSettings | None:
         for j in self.jobs:

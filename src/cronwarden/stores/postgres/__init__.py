@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -53,12 +53,15 @@ from cronwarden.errors import (
     StoreUnavailable,
     StoreUrlError,
     UsageError,
+    mask_password,
 )
 from cronwarden.events import Event, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.stores.base import (
     DEAD_LETTERS_KEPT,
+    KEEP_ALL,
     NEW_SINK_BACKFILL,
+    RETENTION_PARAMS,
     End,
     Finished,
     Granted,
@@ -66,11 +69,17 @@ from cronwarden.stores.base import (
     LeaseInfo,
     Refusal,
     Refused,
+    Retention,
     Start,
     is_side_lease,
+    pruned_kinds_sql,
+    retention_of,
     side_lease_key,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Entry, Rollup
 
 T = TypeVar("T")
 
@@ -195,6 +204,7 @@ class PostgresStore(SqlStore):
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         url: str | None = None,
         pooler: str = "none",
+        retention: Retention = KEEP_ALL,
     ) -> None:
         """``conninfo`` is a libpq URL or ``key=value`` string; cronwarden's own
         settings come as keywords (``from_url`` takes them from the URL).
@@ -209,6 +219,7 @@ class PostgresStore(SqlStore):
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreError(f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
         self._clock = clock  # kept for the interface; expiry is the server's clock (G4)
+        self.retention = retention
         self.schema = schema
         self._s = f'"{schema}"'
         self._call_timeout = statement_timeout + NETWORK_SLACK
@@ -262,7 +273,8 @@ class PostgresStore(SqlStore):
         except ValueError:
             raise StoreUrlError(url, f"cannot parse the query {parts.query!r}") from None
         ours = {k: v for k, v in query if k in OUR_PARAMS}
-        libpq_params = [(k, v) for k, v in query if k not in OUR_PARAMS]
+        retention = retention_of(url, {k: v for k, v in query if k in RETENTION_PARAMS})
+        libpq_params = [(k, v) for k, v in query if k not in OUR_PARAMS and k not in RETENTION_PARAMS]
         known = {d.keyword.decode() for d in pq.Conninfo.get_defaults()}
         unknown = sorted({k for k, _ in libpq_params if k not in known})
         if unknown:
@@ -293,8 +305,9 @@ class PostgresStore(SqlStore):
             clock=clock,
             statement_timeout=statement_timeout,
             lock_timeout=lock_timeout,
-            url=url,
+            url=mask_password(url),
             pooler=pooler,
+            retention=retention,
         )
 
     # -- plumbing ---------------------------------------------------------
@@ -374,8 +387,16 @@ class PostgresStore(SqlStore):
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         return self._call(lambda c: c.execute(sql, args).fetchall())
 
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
-        self._call(lambda c: c.execute(sql, args))
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
+        return self._call(lambda c: c.execute(sql, args).rowcount)
+
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        from cronwarden.stores.rollup import row_of
+
+        row = row_of(rollup, recent)
+        if seen is None:
+            return self._write(self._q["insert_rollup"], row) == 1
+        return self._write(self._q["update_rollup"], (*row, *seen)) == 1
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
         data: Mapping[str, Any] = raw  # jsonb: psycopg has decoded it
@@ -397,8 +418,8 @@ class PostgresStore(SqlStore):
             return StoreUnavailable(f"PostgreSQL store {self.where} is unavailable: {text}")
         if isinstance(e, pgerrors.UndefinedTable | pgerrors.UndefinedFunction | pgerrors.InvalidSchemaName):
             return StoreError(
-                f"PostgreSQL store {self.where}: schema {self.schema!r} is incomplete ({text}); "
-                "was it dropped while in use?"
+                f"PostgreSQL store {self.where}: schema {self.schema!r} is not a usable cronwarden store, "
+                f"it is incomplete ({text}); was it dropped while in use?"
             )
         return StoreError(f"PostgreSQL store {self.where}: {text}")
 
@@ -615,6 +636,12 @@ class PostgresStore(SqlStore):
         ids = list(dict.fromkeys(event_ids))
         if ids:
             self._call(lambda c: c.execute(self._q["forget_rejected"], (sink, ids)))
+
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
+        sql, args = self._q["prune_due"].replace("{pruned}", pruned_kinds_sql()), (job, bound, limit)
+        row = self._call(lambda c: c.execute(sql, args).fetchone())
+        assert row is not None  # counts: always one row
+        return int(row[0]), int(row[1]), int(row[2])
 
     def close(self) -> None:
         with self._lock:
