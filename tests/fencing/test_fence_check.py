@@ -24,7 +24,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def test_the_running_commands_token_is_the_newest(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    done = _cw("run", "--job", "nightly", "--", "sh", "-c", f"{CHECK}; echo rc=$?", env=env)
+    done = _cw("run", "--job", "nightly", "--pass-store", "--", "sh", "-c", f"{CHECK}; echo rc=$?", env=env)
     assert done.returncode == 0, done.stderr
     assert "token 1 is the newest for lease 'nightly', held for" in done.stdout
     assert "rc=0" in done.stdout
@@ -34,7 +34,9 @@ def test_an_older_token_is_stale_and_a_released_lease_is_not_held(tmp_path: Path
     env = _env(tmp_path)
     assert _cw("run", "--job", "nightly", "--", "true", env=env).returncode == 0
     # The second run checks the first run's token: a newer one was granted since.
-    done = _cw("run", "--job", "nightly", "--", "sh", "-c", f"{CHECK} --token 1; echo rc=$?", env=env)
+    done = _cw(
+        "run", "--job", "nightly", "--pass-store", "--", "sh", "-c", f"{CHECK} --token 1; echo rc=$?", env=env
+    )
     assert "rc=3" in done.stdout
     assert "token 1 is stale: lease 'nightly' was granted token 2 since" in done.stderr
     # After the run, its own token is still the newest, but the lease was released.

@@ -23,7 +23,8 @@ conditional write that compares $CRONWARDEN_FENCING_TOKEN. See docs/fencing.md.
 
 Run it from the command `cronwarden run` started: it reads CRONWARDEN_FENCING_TOKEN,
 CRONWARDEN_LEASE_KEY and CRONWARDEN_RUN_ID from the environment, and the store as
-`cronwarden run` does (--store, $CRONWARDEN_STORE, the config file's store)."""
+`cronwarden run` does (--store, $CRONWARDEN_STORE, the config file's store); `cronwarden run`
+gives its command $CRONWARDEN_STORE only with --pass-store."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
