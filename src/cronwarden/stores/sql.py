@@ -29,7 +29,7 @@ from typing import Any
 
 from cronwarden.errors import StoreError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
-from cronwarden.stores.base import EventQuery, Store
+from cronwarden.stores.base import EventQuery, Store, Tally
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = "-- name:"
@@ -234,6 +234,11 @@ class SqlStore(Store):
     def ledger_jobs(self) -> list[str]:
         # ":" cannot occur in a job name: those are delivery events' sink:NAME.
         return [row[0] for row in self._fetch(self._shared["ledger_jobs"], ()) if ":" not in row[0]]
+
+    def tally(self, job: str) -> Tally:
+        events = {kind: int(n) for kind, n in self._fetch(self._shared["tally_events"], (job,))}
+        durations = tuple(float(d) for (d,) in self._fetch(self._shared["tally_durations"], (job,)))
+        return Tally(events=events, durations=durations)
 
     def job(self, name: str) -> JobInfo | None:
         rows = self._fetch(self._shared["job"], (name,))
