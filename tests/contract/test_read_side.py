@@ -317,3 +317,17 @@ def test_ledger_jobs_names_every_job_with_runs_or_events_saved_or_not(store: Sto
     store.save_job(JobInfo(name="described-only", updated_at=T0))
 
     assert store.ledger_jobs() == ["alpha", "mid", "zeta"]
+
+
+def test_tally_counts_a_jobs_events_by_kind_and_its_completed_durations(store: Store) -> None:
+    assert store.tally("backup") == ({}, ())
+    for i, outcome in enumerate([Outcome.SUCCEEDED, Outcome.FAILED, Outcome.LEASE_LOST]):
+        lease = granted(store.acquire(start("backup", at=T0 + 100 * i))).lease
+        store.finish(lease, end(outcome=outcome, at=T0 + 100 * i + 10 + i))
+    store.record(Event(kind=EventKind.SKIPPED, job="backup", at=T0 + 500, data={}))
+    granted(store.acquire(start("other", at=T0)))
+
+    t = store.tally("backup")
+
+    assert dict(t.events) == {"started": 3, "succeeded": 1, "failed": 1, "lease_lost": 1, "skipped": 1}
+    assert sorted(t.durations) == [10.0, 11.0]  # lease_lost was cut short: not a completed run

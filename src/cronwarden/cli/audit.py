@@ -143,9 +143,11 @@ def summary_line(result: Pass) -> str:
 
 def configure_metrics(p: argparse.ArgumentParser) -> None:
     p.description = (
-        "Prometheus text exposition of every job: runs by outcome, skips, overlaps, open runs, lease "
-        "losses, duration histogram and quantiles, p95/period, queue depth, last success. "
-        "Needs prometheus_client (pip install 'cronwarden[metrics]')."
+        "Prometheus text exposition of every job. Counters of the whole ledger, which only grow (rate() and "
+        "increase() work): cronwarden_runs_total by outcome, skips, lease losses, overlaps, findings raised "
+        "by rule, and a histogram of completed runs' durations (_bucket, _sum, _count). Gauges of the "
+        "window: runs by outcome, skips, overlaps, open and stuck runs, duration quantiles, p95/period, "
+        "queue depth, last success. Needs prometheus_client (pip install 'cronwarden[metrics]')."
     )
     add_window_flags(p, rules=False)
 

@@ -1,11 +1,17 @@
 """Prometheus metrics over the ledger: a custom collector that computes, at
-scrape time, the same bounded per-job statistics as ``cronwarden audit``.
+scrape time, per job, counters of everything the ledger holds and gauges of
+the monitor's window.
 
 ``prometheus_client`` is an optional dependency (``pip install
 'cronwarden[metrics]'``), imported only here, only when metrics are asked
-for. The values describe the monitor's window (last N runs, last D days), so
-they are gauges, not ever-growing counters: the ledger, not the process,
-holds the history, and a scrape never counts the whole ledger.
+for, and used through its public API (``prometheus_client.core``'s metric
+families). Counters (``cronwarden_runs_total``, ``…_skips_total``,
+``…_overlaps_total``, ``…_lease_lost_total``, ``…_findings_total``) and the
+``cronwarden_run_duration_seconds`` histogram count the ledger itself
+(``Store.tally``), so they only grow, across processes and restarts, and
+``rate()``/``increase()`` work on them; whichever process serves them, they
+agree. The ``cronwarden_job_*`` gauges describe the window (last N runs,
+last D days), as ``cronwarden audit`` does: the current state.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from cronwarden.errors import UsageError
-from cronwarden.events import Outcome
+from cronwarden.events import EventKind, Outcome
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -50,6 +56,7 @@ class LedgerCollector:
 
         m = self.monitor
         all_stats = m.audit()
+        yield from self.counters([s.job for s in all_stats])
         job = ["job"]
         runs = GaugeMetricFamily(
             "cronwarden_job_runs", "Runs in the monitor window by outcome (running: still open).",
@@ -121,6 +128,61 @@ class LedgerCollector:
                 success.add_metric(name, s.last_success)
         yield from (runs, skips, in_a_row, overlaps, open_runs, lost, stuck, hist, quantiles, period, ratio,
                     queue, success)  # fmt: skip
+
+    def counters(self, jobs: list[str]) -> Iterator[Metric]:
+        """The counters and the duration histogram, from each job's ``Store.tally``
+        and its finding events."""
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        from cronwarden.monitor.rules import FINDING_KINDS, RESOLVED
+        from cronwarden.stores.base import EventQuery
+
+        store = self.monitor.store
+        runs = CounterMetricFamily(
+            "cronwarden_runs", "Runs that ended, by outcome.", labels=["job", "outcome"]
+        )
+        skips = CounterMetricFamily("cronwarden_skips", "Starts refused because a run held the lease.",
+                                    labels=["job"])  # fmt: skip
+        lost = CounterMetricFamily("cronwarden_lease_lost", "Runs that ended lease_lost.", labels=["job"])
+        overlaps = CounterMetricFamily(
+            "cronwarden_overlaps", "Starts while an earlier run of the same job was open.", labels=["job"]
+        )
+        findings = CounterMetricFamily(
+            "cronwarden_findings", "Findings raised by the monitor, by rule.", labels=["job", "rule"]
+        )
+        hist = HistogramMetricFamily(
+            "cronwarden_run_duration_seconds", "Durations of completed runs (succeeded, failed, timed_out).",
+            labels=["job"],
+        )  # fmt: skip
+        for job in jobs:
+            t = store.tally(job)
+            for o in Outcome:
+                runs.add_metric([job, o.value], float(t.events.get(o.value, 0)))
+            skips.add_metric([job], float(t.events.get(EventKind.SKIPPED.value, 0)))
+            lost.add_metric([job], float(t.events.get(EventKind.LEASE_LOST.value, 0)))
+            raised: dict[str, int] = dict.fromkeys((k.value for k in FINDING_KINDS), 0)
+            overlapped = 0
+            if any(t.events.get(k.value) for k in FINDING_KINDS):
+                limit = sum(t.events.get(k.value, 0) for k in FINDING_KINDS)
+                for e in store.events(EventQuery(job=job, kinds=FINDING_KINDS, limit=limit)):
+                    if e.data.get("state", "raised") == RESOLVED:
+                        continue
+                    # An overlap fact (no state) or a raised finding: each is one raise.
+                    raised[e.kind.value] += 1
+                    overlapped += e.kind is EventKind.OVERLAP
+            overlaps.add_metric([job], float(overlapped))
+            for rule, n in raised.items():
+                findings.add_metric([job, rule], float(n))
+            durations = sorted(t.durations)
+            buckets: list[tuple[str, float]] = []
+            i = 0
+            for bound in BUCKETS:
+                while i < len(durations) and durations[i] <= bound:
+                    i += 1
+                buckets.append((_le(bound), float(i)))
+            buckets.append(("+Inf", float(len(durations))))
+            hist.add_metric([job], buckets, sum(durations))
+        yield from (runs, skips, lost, overlaps, findings, hist)
 
 
 def _le(bound: float) -> str:

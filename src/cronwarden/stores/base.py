@@ -37,7 +37,7 @@ not usable as configured, or refuses a request outright, raises
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Self
 
 from cronwarden.errors import LeaseLost
@@ -156,6 +156,15 @@ class LeaseInfo(NamedTuple):
     """Policy queue: starts waiting for the lease."""
     revoked_by: str | None = None
     """Policy replace: the run that asked the owner to stop."""
+
+
+class Tally(NamedTuple):
+    """What ``Store.tally`` counts for one job."""
+
+    events: Mapping[str, int]
+    """Event kind -> how many the ledger holds."""
+    durations: tuple[float, ...]
+    """Durations of the job's completed runs the ledger holds."""
 
 
 class EventQuery(NamedTuple):
@@ -464,6 +473,18 @@ class Store(abc.ABC):
         ``cronwarden run --job x`` is a job too. Not the ``sink:NAME`` names
         delivery events are recorded under. One indexed step per job, not a
         scan of the ledger.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+
+    @abc.abstractmethod
+    def tally(self, job: str) -> Tally:
+        """How many events of each kind the ledger holds for ``job``, and
+        the durations of its completed runs (``succeeded``, ``failed``,
+        ``timed_out``), in no particular order: what Prometheus counters are
+        made of. They only grow while the ledger keeps everything; retention,
+        and a Redis store's per-job cap, bound them.
 
         :raises StoreUnavailable: the store cannot be reached right now
         :raises StoreError: the store is not usable

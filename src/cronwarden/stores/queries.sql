@@ -50,6 +50,15 @@ UNION
 SELECT job FROM e WHERE job IS NOT NULL
 ORDER BY 1;
 
+-- name: tally_events --
+-- A job's events by kind, through the index events (job, at).
+SELECT kind, count(*) FROM {s}.events WHERE job = %s GROUP BY kind;
+
+-- name: tally_durations --
+-- A job's completed runs' durations, through the index runs (job, started_at).
+SELECT ended_at - started_at FROM {s}.runs
+WHERE job = %s AND outcome IN ('succeeded', 'failed', 'timed_out');
+
 -- name: job --
 -- One job by the primary key: every `cronwarden run` asks for its own.
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from cronwarden.errors import StoreError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
-from cronwarden.stores.base import PRUNE_BUDGET, EventQuery, Pruned, Retention, Store, pruned_kinds_sql
+from cronwarden.stores.base import PRUNE_BUDGET, EventQuery, Pruned, Retention, Store, Tally, pruned_kinds_sql
 
 if TYPE_CHECKING:
     from cronwarden.stores.rollup import Entry, Rollup
@@ -287,6 +287,11 @@ class SqlStore(Store):
     def ledger_jobs(self) -> list[str]:
         # ":" cannot occur in a job name: those are delivery events' sink:NAME.
         return [row[0] for row in self._fetch(self._shared["ledger_jobs"], ()) if ":" not in row[0]]
+
+    def tally(self, job: str) -> Tally:
+        events = {kind: int(n) for kind, n in self._fetch(self._shared["tally_events"], (job,))}
+        durations = tuple(float(d) for (d,) in self._fetch(self._shared["tally_durations"], (job,)))
+        return Tally(events=events, durations=durations)
 
     def job(self, name: str) -> JobInfo | None:
         rows = self._fetch(self._shared["job"], (name,))

@@ -62,7 +62,7 @@ from redis import exceptions as redis_errors
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, mask_password
-from cronwarden.events import Event, EventKind, JobInfo, RunRecord, new_id
+from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
 from cronwarden.lease import Lease, margin
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
@@ -82,6 +82,7 @@ from cronwarden.stores.base import (
     Retention,
     Start,
     Store,
+    Tally,
     is_side_lease,
     kept_kinds,
     side_lease_key,
@@ -648,6 +649,20 @@ class RedisStore(Store):
         # Every job with a run has events (its start), so the ledger's jobs are the event jobs;
         # ":" cannot occur in a job name: those are delivery events' sink:NAME.
         return [job for job in self._ledger_jobs() if ":" not in job]
+
+    _COMPLETED = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.TIMED_OUT})
+
+    def tally(self, job: str) -> Tally:
+        # Each event is listed in its job's index under its kind ("kind|at|seq"): one count per kind.
+        kinds = [k.value for k in EventKind]
+        index = self._index(job)
+        counts = self._read(lambda pipe: [pipe.zlexcount(index, f"[{k}|", f"({k}}}") for k in kinds])
+        durations = tuple(
+            r.duration
+            for r in self.runs(job, self.runs_per_job)
+            if r.outcome in self._COMPLETED and r.duration is not None
+        )
+        return Tally(events={k: int(n) for k, n in zip(kinds, counts, strict=True) if n}, durations=durations)
 
     def job(self, name: str) -> JobInfo | None:
         [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))
