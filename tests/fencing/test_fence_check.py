@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cronwarden.stores import open_store
+
 CHECK = f"{sys.executable} -m cronwarden fence check"
 
 
@@ -49,6 +51,7 @@ def test_an_older_token_is_stale_and_a_released_lease_is_not_held(tmp_path: Path
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = _env(tmp_path)
+    open_store(env["CRONWARDEN_STORE"]).close()  # a ledger exists: a missing one is its own error
     cases = [
         (["fence", "check"], "no --token and $CRONWARDEN_FENCING_TOKEN is not set"),
         (["fence", "check", "--token", "x", "--lease-key", "k"], "a fencing token must be an integer"),
