@@ -23,7 +23,8 @@ pytest.importorskip("apscheduler")
 def test_two_apscheduler_processes_never_run_the_job_at_once(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    store_url = f"sqlite:///{tmp_path / 'cronwarden.db'}"  # one store on one host: each store's own tests cover the rest
+    # One store on one host: the stores' own tests cover the others.
+    store_url = f"sqlite:///{tmp_path / 'cronwarden.db'}"
     argv = [sys.executable, str(EXAMPLES / "apscheduler" / "app.py"), "--every", "1", "--work", "0.6"]
     env = example_env(store_url)
     procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
