@@ -472,7 +472,11 @@ class Guard:
         )
         run = Run(self, lease, hb, sent, abandoned=granted.abandoned, overlapped=granted.overlapped)
         hb.start(lease.key)
-        log().debug("%s run %s started (token %d)", self.job, run.run_id, run.token, extra=run.log_extra())
+        logger = log()
+        if logger is not None:
+            logger.debug(
+                "%s run %s started (token %d)", self.job, run.run_id, run.token, extra=run.log_extra()
+            )
         return run
 
     # -- ending -----------------------------------------------------------
@@ -536,13 +540,12 @@ class Guard:
         then = self._start() if drain else None
         sent = 0.0 if then is None else self.clock.monotonic()
         finished = self._finish_with_retries(run.lease, end, then)
-        level = _LEVELS.get(end.outcome, _LEVELS_DEFAULT)
-        extra = {**run.log_extra(), "outcome": end.outcome.value}
-        if end.detail:
-            log().log(level, "%s run %s %s: %s", self.job, run.run_id, end.outcome.value, end.detail,
-                      extra=extra)  # fmt: skip
-        else:
-            log().log(level, "%s run %s %s", self.job, run.run_id, end.outcome.value, extra=extra)
+        logger = log()
+        if logger is not None:
+            level = _LEVELS.get(end.outcome, _LEVELS_DEFAULT)
+            extra = {**run.log_extra(), "outcome": end.outcome.value}
+            said = f": {end.detail}" if end.detail else ""
+            logger.log(level, "%s run %s %s%s", self.job, run.run_id, end.outcome.value, said, extra=extra)
         nxt = None
         if finished is not None and finished.next is not None:
             nxt = self._begin(Granted(lease=finished.next), sent)
@@ -563,7 +566,9 @@ class Guard:
                     give_up = now + max(self.options.ttl, 5.0)
                 if now + delay >= give_up:
                     extra = {"job": lease.job, "run_id": lease.run_id, "token": lease.token}
-                    log().error("could not record the end of run %s: %s", lease.run_id, e, extra=extra)
+                    cronwarden_logger().error(
+                        "could not record the end of run %s: %s", lease.run_id, e, extra=extra
+                    )
                     return None
                 self.clock.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -616,9 +621,19 @@ is cronwarden's to tell."""
 _LEVELS_DEFAULT = 30
 
 
-def log() -> logging.Logger:
-    """The library's logger, ``cronwarden`` (logging is imported when first
-    used: most ``cronwarden run`` ticks log nothing)."""
+def log() -> logging.Logger | None:
+    """The library's logger, ``cronwarden``; None when nothing in this
+    process imported ``logging``. Such a process has no handler for the
+    records, and importing logging would cost every ``cronwarden run`` tick
+    ~10 ms (the command line prints its own lines). An application that
+    configures logging has imported it."""
+    import sys
+
+    return cronwarden_logger() if "logging" in sys.modules else None
+
+
+def cronwarden_logger() -> logging.Logger:
+    """The library's logger, importing logging: for what must be told."""
     import logging
 
     return logging.getLogger("cronwarden")
@@ -749,10 +764,13 @@ class Warden:
 
     def report_refusal(self, job: str, refused: Refused) -> None:
         """Log a refused start (it is already in the ledger) at INFO, with
-        the job, this start's run id and the holder's as fields."""
+        the job, the refusal and the holder as fields."""
         if not self.quiet:
             h = refused.holder
-            log().info(describe_refusal(job, refused, self.clock.wall()).removeprefix("cronwarden: "),
+            logger = log()
+            if logger is None:
+                return
+            logger.info(describe_refusal(job, refused, self.clock.wall()).removeprefix("cronwarden: "),
                        extra={"job": job, "refusal": refused.refusal.value, "holder_run_id": h.run_id,
                               "holder_host": h.host, "holder_pid": h.pid})  # fmt: skip
 
@@ -891,7 +909,7 @@ class Watch:
             self._arm(max(0.0, min(wake_at - now, hb.interval)))
             return
         self.why = why
-        log().warning("stopping %s run %s: %s", run.job, run.run_id, why, extra=run.log_extra())
+        cronwarden_logger().warning("stopping %s run %s: %s", run.job, run.run_id, why, extra=run.log_extra())
         if self.task is not None and not self.task.done():
             self.task.cancel(f"cronwarden: {why}")
             self.pending = True
