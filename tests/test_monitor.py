@@ -148,6 +148,8 @@ def test_open_run_whose_lease_expired_is_recorded_abandoned_and_stuck(
     found = store.run(dead.run_id)
     assert found is not None and found.outcome is Outcome.ABANDONED
     assert [e.run_id for e in result.raised if e.kind is EventKind.STUCK] == [dead.run_id]
+    # The next pass reads the abandoned ending, a bad one: the job is failing (threshold 1).
+    assert [e.kind for e in monitor.evaluate().raised] == [EventKind.FAILING]
     assert monitor.evaluate().raised == ()
 
 
@@ -179,7 +181,8 @@ def test_acknowledged_stuck_run_is_not_raised_again(store: Store, mclock: FakeCl
     monitor.acknowledge(JOB, EventKind.STUCK, dead.run_id, by="on-call")
     mclock.advance(30)
 
-    assert monitor.evaluate().raised == ()
+    # The abandoned ending makes the job failing; the acknowledged stuck finding stays resolved.
+    assert [e.kind for e in monitor.evaluate().raised] == [EventKind.FAILING]
     assert states(store, EventKind.STUCK) == [RAISED, RESOLVED]
 
 

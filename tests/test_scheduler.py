@@ -303,7 +303,7 @@ def test_finished_runs_are_reaped_with_their_status_and_stop_signals_the_rest(sq
 WRITE_SLOT = "import os, sys; open(sys.argv[1], 'a').write(os.environ['CRONWARDEN_RUN_ID'] + '\\n')"
 
 
-def _config(tmp_path: Path, command: list[str], every: str = "1s") -> Path:
+def _config(tmp_path: Path, command: list[str], every: str = "1s", extra: str = "") -> Path:
     path = tmp_path / "cronwarden.toml"
     path.write_text(
         textwrap.dedent(f"""\
@@ -312,6 +312,7 @@ def _config(tmp_path: Path, command: list[str], every: str = "1s") -> Path:
         ttl = "30s"
         command = {json.dumps(command)}
     """)
+        + extra
     )
     return path
 
@@ -339,20 +340,21 @@ def test_two_scheduler_processes_run_each_slot_once(store_url: str, tmp_path: Pa
     assert all(r.outcome is Outcome.SUCCEEDED for r in runs)
     # Every run the ledger has ran its command once, and each was started by one instance.
     assert sorted(out.read_text().split()) == sorted(r.run_id for r in runs)
-    # Each start line is a run, or a start the job's policy skipped because
-    # the previous slot's run still held the lease (a loaded machine): recorded too.
-    started = [line for out, _ in results for line in out.splitlines() if " started, pid " in line]
+    # Each start line is a run; a start the job's policy skipped because the
+    # previous slot's run still held the lease (a loaded machine) is said and recorded.
+    lines = [line for out, _ in results for line in out.splitlines()]
     with open_store(store_url) as store:
         skipped = store.events(EventQuery(job="tick", kinds=[EventKind.SKIPPED]))
-    assert len(started) == len(runs) + len(skipped)
+    assert sum(" started, pid " in line for line in lines) == len(runs)
+    assert sum(" skipped: run " in line for line in lines) == len(skipped)
 
 
 def test_when_one_instance_is_killed_the_other_fires_every_later_slot(store_url: str, tmp_path: Path) -> None:
     """No leader to lose: after kill -9 of one instance, the other fires
     every slot from then on; a run the dead instance started finishes and is
-    recorded (it is its own process, guarded by its own lease)."""
+    recorded (detach = true: it is its own process, guarded by its own lease)."""
     out = tmp_path / "ran"
-    config = _config(tmp_path, [sys.executable, "-c", WRITE_SLOT, str(out)])
+    config = _config(tmp_path, [sys.executable, "-c", WRITE_SLOT, str(out)], extra="detach = true\n")
     doomed = _scheduler(config, store_url, "--id", "doomed")
     survivor = None
     try:
@@ -480,7 +482,7 @@ def test_the_store_password_is_not_on_the_runs_command_line(store_url: str, tmp_
         "print('env:', sorted(k for k in os.environ if k.startswith('CRONWARDEN_')), "
         "[v for v in os.environ.values() if 's3' + 'cret' in v])"
     )
-    config = _config(tmp_path, [sys.executable, "-c", show], every="1m")
+    config = _config(tmp_path, [sys.executable, "-c", show], every="1m", extra="detach = true\n")
     argv = [sys.executable, "-m", "cronwarden", "scheduler", "--config", str(config), "--store", url]
     done = subprocess.run([*argv, "--for", "1s"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -38,6 +38,7 @@ _PUBLIC: dict[str, str] = {
     "FakeClock": "cronwarden.clock",
     # errors
     "CronwardenError": "cronwarden.errors",
+    "Fenced": "cronwarden.errors",
     "LeaseLost": "cronwarden.errors",
     "LeaseRevoked": "cronwarden.errors",
     "NotStarted": "cronwarden.errors",
@@ -54,6 +55,7 @@ __all__ = [
     "Event",
     "EventKind",
     "FakeClock",
+    "Fenced",
     "Guard",
     "JobInfo",
     "LeaseLost",
@@ -96,6 +98,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
     from cronwarden.clock import Clock, FakeClock
     from cronwarden.errors import (
         CronwardenError,
+        Fenced,
         LeaseLost,
         LeaseRevoked,
         NotStarted,

@@ -111,3 +111,23 @@ class NotStarted(CronwardenError):
         self.job = job
         self.outcome = outcome
         self.holder_run_id = holder_run_id
+
+
+class Fenced(CronwardenError):
+    """A write carried a fencing token older than the newest one its resource
+    has seen: a newer run of the job has written (or fenced) it since, so this
+    run's lease is gone and its write must not land. Raised by the helpers in
+    ``cronwarden.fence``; the write did not happen (on the SQL stores the
+    statement failed, so the surrounding transaction cannot commit)."""
+
+    exit_code = 3
+
+    def __init__(self, resource: str, token: int, current: int | None) -> None:
+        newest = "a newer one" if current is None else str(current)
+        super().__init__(
+            f"fenced: token {token} is older than {newest}, the newest token resource {resource!r} "
+            "has seen; a newer run holds the job, so this write was refused"
+        )
+        self.resource = resource
+        self.token = token
+        self.current = current

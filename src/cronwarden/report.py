@@ -42,7 +42,7 @@ from cronwarden.errors import StoreError, UsageError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
-from cronwarden.stores.base import End, Granted, Start, Store, abandon_expired
+from cronwarden.stores.base import End, Granted, Start, Store, abandon_expired, is_side_lease, side_lease_key
 
 DEFAULT_TTL = 86400.0
 """A report-only run with no max_runtime and no known period may stay open a day."""
@@ -113,7 +113,7 @@ class Reporter:
         try:
             result = self.store.acquire(
                 Start(
-                    job=job, key=f"{job}+{run_id}", run_id=run_id, host=self.host,
+                    job=job, key=side_lease_key(job, run_id), run_id=run_id, host=self.host,
                     pid=os.getppid() if pid is None else pid, ttl=ttl or default_ttl, at=now,
                     policy=Policy.ALLOW, slot=slot,
                 )
@@ -133,7 +133,7 @@ class Reporter:
         for r in self.store.open_runs(job):
             if r.run_id == run_id:
                 me = r
-            elif r.expires_in is not None and r.expires_in <= 0 and r.key.endswith("+" + r.run_id):
+            elif r.expires_in is not None and r.expires_in <= 0 and is_side_lease(r.key, r.run_id):
                 # A report-only run that never reported its end: nobody else will
                 # ever acquire its key, so its terminal record is written here.
                 abandoned += abandon_expired(self.store, [r], now, f"run {run_id}",
@@ -178,7 +178,7 @@ class Reporter:
             )
         if run.job != job:
             raise UsageError(f"run id {run_id} belongs to job {run.job!r}, not {job!r}")
-        if run.key != f"{job}+{run_id}":
+        if run.key != side_lease_key(job, run_id):
             raise UsageError(f"run {run_id} of {job!r} is a guarded run; its wrapper records its end")
         lease = Lease(key=run.key, job=job, run_id=run_id, token=run.token, ttl=0.0)
         end = End(outcome=outcome, at=self.clock.wall(), exit_code=exit_code, detail=detail)

@@ -8,19 +8,25 @@ is first starts the run, the others note which instance did and go on. No
 leader, no election: an instance that stops or dies loses nothing but the
 fires it would have won, and the others win those.
 
-A run is a child ``cronwarden run --slot T`` process, so a scheduled run has
-everything a cron-line run has (lease and policy, heartbeat, supervision,
-the ledger, the sinks) and the scheduler itself holds no lease: a run that
-outlives its scheduler stays guarded.
+A fire runs in the scheduler's process (``InProcess``): a start queue served
+by a bounded number of workers, each taking the run's lease through the same
+``Guard`` as ``cronwarden run``, supervising the command with the same
+``Supervisor`` (its own process group, a keeper that dies with the
+scheduler) and recording its end; every run's lease is renewed by the
+warden's one heartbeat. No interpreter per fire. A job with ``detach = true``
+is fired as a ``cronwarden run --slot T`` child in a session of its own
+(``RunLauncher``), which outlives the scheduler.
 
-A slot is fired only within ``misfire_grace`` of its time. An instance that
-wakes later (the host was suspended or overloaded, the instance was down)
-does not start old work: only the latest slot due may still run, and the
-earlier ones are printed as not started late. A slot still within the grace when an
-instance starts is fired (the claim tells whether another instance already
-did), so restarting the only instance loses no slot. Claims are kept
-``keep`` (default a day): far longer than the grace plus any clock skew
-between the instances, so no instance can claim a slot again after it ran.
+A slot is fired only within ``misfire_grace`` of its time, judged when its
+run is about to start (a start queue that fell behind records the slots it
+reached too late ``misfired``). An instance that wakes later (the host was
+suspended or overloaded, the instance was down) does not start old work:
+only the latest slot due may still run, and the earlier ones are printed as
+not started late. A slot still within the grace when an instance starts is
+fired (the claim tells whether another instance already did), so restarting
+the only instance loses no slot. Claims are kept ``keep`` (default a day):
+far longer than the grace plus any clock skew between the instances, so no
+instance can claim a slot again after it ran.
 """
 
 from __future__ import annotations
@@ -33,20 +39,25 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config import ENV_SCHEDULER_STORE, JobSettings
-from cronwarden.errors import StoreError, StoreUnavailable
+from cronwarden.errors import CronwardenError, StoreError, StoreUnavailable
+from cronwarden.events import Event, EventKind
 from cronwarden.schedule import Schedule
 from cronwarden.stores.base import Store
 
 DEFAULT_MISFIRE_GRACE = 60.0
 DEFAULT_KEEP = 86400.0
 DEFAULT_STOP_TIMEOUT = 30.0
+DEFAULT_CONCURRENCY = 32
+"""Runs starting or running at once in one scheduler; more wait in its start queue."""
 MAX_WAIT = 60.0
 """Longest sleep between looks at the clock: a wall-clock step (NTP, a
 resumed host) is noticed within this."""
@@ -97,6 +108,8 @@ class Started:
     slot: float
     shard: str | None
     child: Child
+    detached: bool = False
+    """A ``detach = true`` run: stopping the scheduler leaves it running."""
 
 
 @dataclass
@@ -143,8 +156,10 @@ class Scheduler:
         """Fire every slot that is due, reap finished runs; the time of the
         next fire."""
         self.reap()
-        now = self.clock.wall()
         for job in self.jobs:
+            # The clock is read per job: claims take store round trips, and
+            # a long loop must not judge its last jobs by its start time.
+            now = self.clock.wall()
             if self._next[job.name] <= now:
                 self._due(job, now)
         return self.next_fire()
@@ -211,8 +226,9 @@ class Scheduler:
             except (OSError, ValueError, subprocess.SubprocessError) as e:
                 self._say(job.name, shard, slot, f"could not start: {e}")
                 continue
-            self.running.append(Started(job.name, slot, shard, child))
-            self._say(job.name, shard, slot, f"started, pid {child.pid}")
+            self.running.append(Started(job.name, slot, shard, child, job.settings.detach))
+            if not isinstance(child, Fire):  # a fire says itself when it starts
+                self._say(job.name, shard, slot, f"started, pid {child.pid}")
 
     def reap(self) -> None:
         """Forget finished runs, saying how each ended."""
@@ -222,7 +238,8 @@ class Scheduler:
             if code is None:
                 still.append(s)
                 continue
-            self._say(s.job, s.shard, s.slot, f"ended, exit status {_status(code)}")
+            if not isinstance(s.child, Fire):  # a fire said how it ended
+                self._say(s.job, s.shard, s.slot, f"ended, exit status {_status(code)}")
         self.running = still
 
     def _say(self, job: str, shard: str | None, slot: float, what: str) -> None:
@@ -245,7 +262,7 @@ class Scheduler:
     def wait_runs(self, timeout: float, sleep: Callable[[float], None], stop: Callable[[], int]) -> None:
         """Wait up to ``timeout`` for the runs still going to end on their
         own, or until ``stop()`` counts a signal; then ``stop_runs``."""
-        self._wait(timeout, sleep, lambda: stop() >= 1)
+        self._wait(timeout, sleep, lambda: stop() >= 1, attached_only=True)
         self.stop_runs(timeout, sleep, stop)
 
     def stop_runs(self, timeout: float, sleep: Callable[[float], None], stop: Callable[[], int]) -> None:
@@ -253,7 +270,12 @@ class Scheduler:
         records how it ended) and wait up to ``timeout`` for all of them, or
         until ``stop()`` counts a second signal; SIGKILL whatever is left
         (its lease then expires and the next start of the job records it
-        ``abandoned``)."""
+        ``abandoned``). Detached runs (``detach = true``) are left running,
+        guarded by their own ``cronwarden run``."""
+        for s in self.running:
+            if s.detached and s.child.poll() is None:
+                self._say(s.job, s.shard, s.slot, f"left running, pid {s.child.pid} (detach)")
+        self.running = [s for s in self.running if not s.detached]
         for s in self.running:
             if s.child.poll() is None:
                 s.child.send_signal(signal.SIGTERM)
@@ -264,21 +286,254 @@ class Scheduler:
                 s.child.wait()
         self.reap()
 
-    def _wait(self, timeout: float, sleep: Callable[[float], None], hurry: Callable[[], bool]) -> None:
-        """Until no run is going, ``timeout`` has passed or ``hurry()``."""
+    def _wait(self, timeout: float, sleep: Callable[[float], None], hurry: Callable[[], bool],
+              attached_only: bool = False) -> None:  # fmt: skip
+        """Until no run is going (but detached ones, with ``attached_only``),
+        ``timeout`` has passed or ``hurry()``."""
         deadline = self.clock.monotonic() + timeout
-        while any(s.child.poll() is None for s in self.running) and not hurry():
+        waited = [s for s in self.running if not (attached_only and s.detached)]
+        while any(s.child.poll() is None for s in waited) and not hurry():
             left = deadline - self.clock.monotonic()
             if left <= 0:
                 return
             sleep(min(POLL, left))
 
 
+class Fire:
+    """One fire of ``InProcess``, as the scheduler sees it (a ``Child``):
+    waiting in the start queue, running, or done. ``pid`` is the keeper's
+    once the command started (0 before)."""
+
+    def __init__(self, job: ScheduledJob, slot: float, shard: str | None) -> None:
+        from cronwarden.supervisor import SignalRelay
+
+        self.job = job
+        self.slot = slot
+        self.shard = shard
+        self.pid = 0
+        self.relay = SignalRelay()
+        """Never entered: the scheduler's main thread has the signal
+        handlers; ``send_signal`` passes a signal on as they would."""
+        self.returncode: int | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Still queued: it will not start. Running: the command's group gets
+        ``sig`` and the run records how it ended."""
+        with self._lock:
+            self.relay.signalled = sig
+            child = self.relay.child
+        if child is not None:
+            child.signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._done.wait(timeout)
+        return -1 if self.returncode is None else self.returncode
+
+    def _end(self, code: int) -> None:
+        self.returncode = code
+        self._done.set()
+
+
+class InProcess:
+    """Runs fires in this process: a start queue served by at most
+    ``concurrency`` worker threads (started as needed), each doing what
+    ``cronwarden run`` does for one slot: the misfire grace judged now, the
+    lease through ``Guard`` by the job's policy, the command under a
+    ``Supervisor``, the end recorded. The warden's one heartbeat thread
+    renews every run's lease. ``__call__`` is a ``Launch``."""
+
+    def __init__(
+        self,
+        warden: Any,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        misfire_grace: float = DEFAULT_MISFIRE_GRACE,
+        instance: str = "",
+        say: Callable[[str], None] = print,
+        ended: Callable[[], None] | None = None,
+    ) -> None:
+        """``ended`` is called after each run's end is recorded (the
+        scheduler delivers to the sinks then, as ``cronwarden run`` does)."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.warden = warden
+        self.clock: Clock = warden.clock
+        self.concurrency = concurrency
+        self.misfire_grace = misfire_grace
+        self.instance = instance
+        self.say = say
+        self.ended = ended
+        self.queue: deque[Fire] = deque()
+        self._cond = threading.Condition()
+        self._workers = 0
+        self._idle = 0
+        self._closed = False
+
+    def __call__(self, job: ScheduledJob, slot: float, shard: str | None) -> Fire:
+        fire = Fire(job, slot, shard)
+        with self._cond:
+            if self._closed:
+                raise ValueError("the scheduler is stopping")
+            self.queue.append(fire)
+            if self._idle == 0 and self._workers < self.concurrency:
+                self._workers += 1
+                threading.Thread(target=self._work, name="cronwarden-fire", daemon=True).start()
+            else:
+                self._cond.notify()
+        return fire
+
+    def close(self) -> None:
+        """Workers end once the queue is empty."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                while not self.queue and not self._closed:
+                    self._cond.wait()
+                self._idle -= 1
+                if not self.queue:
+                    self._workers -= 1
+                    return
+                fire = self.queue.popleft()
+            code = 1
+            try:
+                code = self._fire(fire)
+            except BaseException as e:  # a worker never dies silently with a fire in hand
+                self._say(fire, f"not run: {type(e).__name__}: {e}")
+            finally:
+                fire._end(code)
+
+    def _say(self, fire: Fire, what: str) -> None:
+        on = f" shard {fire.shard}" if fire.shard else ""
+        self.say(f"{_when(self.clock.wall())} {fire.job.name}{on}: slot {_when(fire.slot)} {what}")
+
+    def _fire(self, fire: Fire) -> int:
+        """One slot, start to end; the command's exit status (0 when it did
+        not start)."""
+        from cronwarden.guard import Guard, Options, describe_refusal
+        from cronwarden.stores.base import Refused
+
+        job = fire.job
+        if fire.relay.signalled is not None:
+            self._say(fire, "not started: the scheduler is stopping")
+            return 0
+        now = self.clock.wall()
+        late = now - fire.slot
+        if late > self.misfire_grace:
+            # Judged here, at this fire's own start: a queue that fell behind
+            # does not start work later than a late wake-up would.
+            self._say(fire, f"not started: {late:.0f}s late, past the misfire grace {self.misfire_grace:g}s")
+            self._record(EventKind.MISFIRED, fire, {"late_by": round(late, 3)})
+            return 0
+        st = job.settings
+        try:
+            options = Options(
+                ttl=st.ttl, policy=st.policy, shard=fire.shard, max_runtime=st.max_runtime,
+                max_pending=st.max_pending, replace_grace=st.replace_grace,
+                allow_unpartitioned=st.allow_unpartitioned, slot=fire.slot,
+            )  # fmt: skip
+            guard = Guard(self.warden, job.name, options)
+            started = guard.acquire()
+        except CronwardenError as e:
+            self._say(fire, f"not started: {e}")
+            return 0
+        if isinstance(started, Refused):
+            said = describe_refusal(job.name, started, self.clock.wall())
+            self._say(fire, said.removeprefix(f"cronwarden: {job.name} "))
+            return 0
+        run: Any = started
+        code = 0
+        while run is not None:  # policy queue: the pending starts, on the same lease
+            exit_code, run = self._supervise(fire, guard, run, options)
+            code = code or exit_code
+        return code
+
+    def _supervise(self, fire: Fire, guard: Any, run: Any, options: Any) -> tuple[int, Any]:
+        """The command of one granted run, to its recorded end: its exit
+        status and the next run (policy queue), if one started."""
+        from cronwarden.policy import Policy
+        from cronwarden.supervisor import Supervisor
+
+        if fire.relay.signalled is not None:
+            guard.end(run, InterruptedError(f"signal {fire.relay.signalled} before the command started"))
+            self._say(fire, "not started: the scheduler is stopping")
+            return 0, None
+        env = {
+            **os.environ,
+            "CRONWARDEN_RUN_ID": run.run_id,
+            "CRONWARDEN_JOB": run.job,
+            "CRONWARDEN_FENCING_TOKEN": str(run.token),
+            "CRONWARDEN_LEASE_KEY": run.lease.key,
+        }
+        env.pop(ENV_SCHEDULER_STORE, None)
+        if fire.shard:
+            env["CRONWARDEN_SHARD"] = fire.shard
+
+        def started(child: Any) -> None:
+            fire.pid = child.pid
+            self._say(fire, f"started, pid {child.pid}, run {run.run_id}")
+
+        sup = Supervisor(run, fire.job.settings.command, env, kill_grace=options.kill_grace,
+                         replace_grace=options.replace_grace, relay=fire.relay,
+                         on_started=started)  # fmt: skip
+        try:
+            exited = sup.execute()
+        except CronwardenError as e:  # the command could not start (127, 126)
+            guard.end(run, e)
+            self._say(fire, f"could not start: {e}")
+            return int(getattr(e, "exit_code", 1) or 1), None
+        except BaseException as e:
+            guard.end(run, e)
+            raise
+        again = options.policy is Policy.QUEUE and fire.relay.signalled is None
+        ending = guard.end(run, exit_code=exited.code, stopped_by=exited.stopped_by, again=again)
+        self._say(fire, f"ended: {ending.end.outcome.value}, exit status {exited.code}")
+        if self.ended is not None:
+            self.ended()
+        return int(exited.code), ending.next
+
+    def _record(self, kind: EventKind, fire: Fire, data: dict[str, Any]) -> None:
+        """A slot decision, once per job, slot and kind: its event id is
+        made from them, so two instances (or a retry) record it once."""
+        event_id = slot_event_id(kind, fire.job.name, fire.slot)
+        data = {"slot": fire.slot, "by": self.instance, **data}
+        event = Event(kind, fire.job.name, self.clock.wall(), data=data, event_id=event_id)
+        try:
+            self.warden.store.record(event)
+        except StoreError as e:
+            self._say(fire, f"{kind.value} not recorded: {e}")
+
+
+def slot_event_id(kind: EventKind, job: str, slot: float) -> str:
+    """A canonical UUID (version 5's layout) from a slot decision's kind, job
+    and slot: the same decision is the same event on every instance."""
+    import hashlib
+
+    b = bytearray(hashlib.sha1(f"{kind.value}\0{job}\0{slot!r}".encode()).digest()[:16])
+    b[6] = (b[6] & 0x0F) | 0x50
+    b[8] = (b[8] & 0x3F) | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 @dataclass(frozen=True)
 class RunLauncher:
     """Starts a scheduled run as ``cronwarden run --job NAME --slot T -- COMMAND``
-    with the scheduler's config file and store, in the scheduler's process
-    group (a terminal's Ctrl-C reaches the runs too). The store URL goes in
+    with the scheduler's config file and store, in a session of its own: a
+    ``detach = true`` job's run outlives the scheduler (and a terminal's
+    Ctrl-C), guarded by its own lease and heartbeat. The store URL goes in
     ``ENV_SCHEDULER_STORE``, not on the command line, where every local
     user could read its password in ``ps``; ``run`` takes it out of the
     environment its command gets."""
@@ -293,7 +548,19 @@ class RunLauncher:
         if shard:
             argv += ["--shard", shard]
         env = {**os.environ, ENV_SCHEDULER_STORE: self.store_url}
-        return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL, env=env)
+        return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Launchers:
+    """In process, or detached for a ``detach = true`` job."""
+
+    in_process: Launch
+    detached: Launch
+
+    def __call__(self, job: ScheduledJob, slot: float, shard: str | None) -> Child:
+        return (self.detached if job.settings.detach else self.in_process)(job, slot, shard)
 
 
 class Wakeup:

@@ -383,7 +383,11 @@ class Supervisor:
     """Runs one child for one guarded run and stops it when the run must stop."""
 
     def __init__(self, run: Run, argv: Sequence[str], env: Mapping[str, str], *, kill_grace: float,
-                 replace_grace: float, relay: SignalRelay) -> None:  # fmt: skip
+                 replace_grace: float, relay: SignalRelay,
+                 on_started: Callable[[Child], None] | None = None) -> None:  # fmt: skip
+        """``on_started`` is told the child once its command runs (the
+        scheduler says so, with the pid)."""
+        self.on_started = on_started
         self.run = run
         self.argv = argv
         self.env = env
@@ -413,6 +417,8 @@ class Supervisor:
                 self.child.signal(self.relay.signalled)
             if hb.lost is not None:
                 self._wake()
+            if self.on_started is not None:
+                self.on_started(self.child)
             return self._wait()
         finally:
             self.relay.child = None

@@ -306,3 +306,14 @@ def test_reads_do_not_change_the_ledger(store: Store, recorded: list[Event]) -> 
     assert ledger(store) == before
     store.finish(lease, end())
     assert_one_terminal_per_start(store)
+
+
+def test_ledger_jobs_names_every_job_with_runs_or_events_saved_or_not(store: Store) -> None:
+    assert store.ledger_jobs() == []
+    granted(store.acquire(start("zeta", at=T0)))
+    store.finish(granted(store.acquire(start("alpha", at=T0 + 1))).lease, end(at=T0 + 2))
+    store.record(Event(kind=EventKind.SNOOZED, job="mid", at=T0 + 3, data={"by": "ops"}))
+    store.record(Event(kind=EventKind.SINK_FAILED, job="sink:hooks", at=T0 + 4, data={"sink": "hooks"}))
+    store.save_job(JobInfo(name="described-only", updated_at=T0))
+
+    assert store.ledger_jobs() == ["alpha", "mid", "zeta"]

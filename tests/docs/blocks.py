@@ -41,7 +41,7 @@ DIRECTIVES_OF = {
 }
 """Which directives each kind takes (``skip`` goes on any block)."""
 
-PLACEHOLDERS = ("{dir}", "{postgres}", "{redis}", "{schema}")
+PLACEHOLDERS = ("{dir}", "{postgres}", "{redis}", "{schema}", "{postgres_dsn}", "{redis_dsn}", "{prefix}")
 """What ``replace``'s and ``env``'s values may name (see the README)."""
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")

@@ -190,7 +190,21 @@ class DocSession:
         self._redis_used = True
         return with_param(self.servers.redis, "prefix", self.prefix)
 
+    def postgres_dsn(self) -> str:
+        """The server's URL for a user's own connection (psycopg, psql):
+        no store parameters, the document's schema as its search_path."""
+        self.postgres_url()
+        return with_param(self.servers.postgres, "options", f"-csearch_path%3D{self.schema}")
+
     def _fill(self, value: str) -> str:
+        if "{postgres_dsn}" in value:
+            value = value.replace("{postgres_dsn}", self.postgres_dsn())
+        if "{redis_dsn}" in value:
+            self.redis_url()
+            value = value.replace("{redis_dsn}", self.servers.redis)
+        if "{prefix}" in value:
+            self.redis_url()
+            value = value.replace("{prefix}", self.prefix)
         if "{postgres}" in value:
             value = value.replace("{postgres}", self.postgres_url())
         if "{redis}" in value:

@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("cronwarden.cli.dashboard", "serve a read-only web dashboard, JSON API and /metrics"),
     "metrics": ("cronwarden.cli.audit", "Prometheus text exposition of the ledger's job statistics"),
     "report": ("cronwarden.cli.report", "report start/success/fail of a job cronwarden cannot wrap"),
+    "fence": (
+        "cronwarden.cli.fence",
+        "fence check: is this run's fencing token still the newest? (best effort)",
+    ),
     "ack": ("cronwarden.cli.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``

@@ -16,13 +16,17 @@ if TYPE_CHECKING:
     from cronwarden.monitor import Pass
 
 AUDIT_EPILOG = """verdicts:
+  failing      the last runs ended badly (failed, lease_lost, timed_out, abandoned, interrupted),
+               the job's failure_threshold in a row (default 1)
   ok           p95 is at most half the period
   watch        the period is under twice the p95: a second start is possible; write the policy's reason
-  at risk      p95 ≥ the slow threshold (2/3) of the period, N skips in a row, or a stuck run
+  at risk      p95 ≥ the slow threshold (2/3) of the period, N skips in a row, a stuck run, or
+               more than one start in each of the last slots
   overlapping  two runs of the job were open at once in the window
-  unknown      no schedule known, or too few completed runs
+  unscheduled  no schedule known (a job seen only through its runs)
+  unknown      too few completed runs
 
---strict exits 1 when a job is at risk or overlapping, or undecided (watch or worse with no
+--strict exits 1 when a job is failing, at risk or overlapping, or undecided (watch or worse with no
 written reason), unless its policy is allow with a reason."""
 
 
@@ -79,8 +83,10 @@ def main_audit(args: Any, *, clock: Clock = SYSTEM_CLOCK, out: TextIO | None = N
 CHECK_EPILOG = """exit status (monitoring plugins): 0 OK, 1 WARNING, 2 CRITICAL (also for a bad flag or an
 unreachable store: 'cronwarden: …' on stderr).
 
-critical: stuck, overlap, missed, skips_in_a_row, slow with p95 ≥ the period
-warning:  slow, grace_too_wide, policy_undecided
+critical: failing, stuck, overlap, missed, skips_in_a_row, slow with p95 ≥ the period
+warning:  slow, grace_too_wide, policy_undecided, too_often
+A snoozed job's findings (cronwarden snooze, maintenance windows) are shown, marked (snoozed),
+and do not count toward the exit status.
 
 Findings that changed state are recorded in the ledger (as monitor does), so check and monitor
 agree and nothing is raised twice; --dry-run records nothing."""

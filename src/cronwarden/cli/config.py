@@ -20,7 +20,8 @@ POLICY_ONLY = {"max_pending": Policy.QUEUE, "replace_grace": Policy.REPLACE, "sh
 """Settings shown only for the policy they belong to."""
 
 SHOWN = ("schedule", "timezone", "every", "policy", "reason", "ttl", "grace", "max_runtime", "max_pending",
-         "replace_grace", "shards", "allow_unpartitioned", "command")  # fmt: skip
+         "replace_grace", "shards", "allow_unpartitioned", "command", "failure_threshold",
+         "recovery_threshold", "maintenance")  # fmt: skip
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -101,6 +102,8 @@ def _shown(job: JobSettings) -> list[str]:
             continue
         if key == "timezone" and job.schedule is None:
             continue
+        if key in ("failure_threshold", "recovery_threshold") and key not in job.sources:
+            continue  # the monitor's defaults: shown once set
         keys.append(key)
     return keys
 
@@ -114,6 +117,8 @@ def _format(key: str, value: Any) -> str:
         return "true" if value else "false"
     if key == "shards":
         return ", ".join(value)
+    if key == "maintenance":
+        return ", ".join(w.text for w in value)
     if key == "command":
         import shlex
 
@@ -139,6 +144,7 @@ def _json(job: JobSettings) -> dict[str, Any]:
     settings["policy"] = job.policy.value
     for key in ("shards", "command"):
         settings[key] = list(settings[key])
+    settings["maintenance"] = [w.text for w in job.maintenance]
     return {
         "name": job.name,
         "in_file": job.in_file,

@@ -11,9 +11,13 @@ from typing import Any
 from cronwarden.errors import UsageError
 from cronwarden.supervisor import CommandNotExecutable, CommandNotFound
 
-EPILOG = """jobs: every [jobs.NAME] table with a command and a schedule (or every). Each fire is
-  `cronwarden run --job NAME --slot T -- COMMAND`, so it follows the job's ttl, policy,
-  max_runtime and sinks like a cron line; a job with shards starts one run per shard.
+EPILOG = """jobs: every [jobs.NAME] table with a command and a schedule (or every). Each fire runs
+  in the scheduler's process as `cronwarden run --job NAME --slot T -- COMMAND` would: the
+  job's lease, ttl, policy and max_runtime, the command in its own process group, the end
+  recorded. At most --concurrency runs at once; more wait in a start queue, and one that
+  reaches its start later than --misfire-grace is recorded misfired, not started. A job
+  with shards starts one run per shard. detach = true: the fire is a `cronwarden run`
+  child in a session of its own, which a restart of the scheduler leaves running.
 
 several hosts: start the same config on each, with a store they share (postgresql://…,
   redis://…). Each fire is claimed in the store by job and time: one instance runs it,
@@ -23,6 +27,7 @@ stopping: SIGTERM, Ctrl-C or SIGHUP (unless under nohup) stops firing, sends SIG
   the runs still going (each stops its command and records how it ended) and waits up to
   --stop-timeout for them, then SIGKILLs the rest; a second signal SIGKILLs them at once.
   --for first waits up to --stop-timeout for the runs still going to end on their own.
+  Detached runs are left running either way.
 
 exit status: 0 stopped; 2 bad usage or configuration; 75 store unreachable at start.
 
@@ -32,7 +37,12 @@ example:
 
 def configure(p: argparse.ArgumentParser) -> None:
     from cronwarden.cli.args import add_store_flag, duration
-    from cronwarden.scheduler import DEFAULT_KEEP, DEFAULT_MISFIRE_GRACE, DEFAULT_STOP_TIMEOUT
+    from cronwarden.scheduler import (
+        DEFAULT_CONCURRENCY,
+        DEFAULT_KEEP,
+        DEFAULT_MISFIRE_GRACE,
+        DEFAULT_STOP_TIMEOUT,
+    )
 
     p.description = (
         "Run the config file's jobs at their scheduled times: a small cron daemon whose every "
@@ -56,15 +66,60 @@ def configure(p: argparse.ArgumentParser) -> None:
                    metavar="DURATION",
                    help="when stopping, wait this long for runs still going, then SIGKILL them "
                    "(default 30s)")  # fmt: skip
+    p.add_argument("--concurrency", type=_concurrency, default=DEFAULT_CONCURRENCY, metavar="N",
+                   help=f"runs starting or running at once (default {DEFAULT_CONCURRENCY}); more wait "
+                   "in the start queue")  # fmt: skip
     add_store_flag(p)
+
+
+class _Flusher:
+    """Delivers the ledger to the config's sinks after runs end, as each
+    ``cronwarden run`` does after its own, from one thread: ends that come
+    while a flush is going are delivered by the next one."""
+
+    def __init__(self, store: Any, sinks: Any) -> None:
+        import threading
+
+        self._store = store
+        self._doc = {"sinks": sinks}
+        self._due = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="cronwarden-flush", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._due.set()
+
+    def _loop(self) -> None:
+        from cronwarden.outbox import flush_after_run
+
+        while True:
+            self._due.wait()
+            self._due.clear()
+            flush_after_run(self._store, self._doc)
+            if self._closing:
+                return
+
+    def close(self, timeout: float) -> None:
+        """One last flush (the last runs' ends), waited for at most ``timeout``."""
+        self._closing = True
+        self._due.set()
+        self._thread.join(timeout)
+
+
+def _concurrency(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 10_000:
+        raise UsageError(f"--concurrency must be a whole number from 1 to 10000, got {text!r}")
+    return int(text)
 
 
 def main(args: Any) -> int:
     from cronwarden.cli.args import store_url
-    from cronwarden.cli.run import resolve_command
+    from cronwarden.cli.run import _job_info, _schedule, _sync_job, resolve_command
     from cronwarden.config import find, load
     from cronwarden.errors import mask_password
-    from cronwarden.scheduler import RunLauncher, ScheduledJob, Scheduler, Wakeup
+    from cronwarden.guard import Warden
+    from cronwarden.scheduler import InProcess, Launchers, RunLauncher, ScheduledJob, Scheduler, Wakeup
     from cronwarden.stores import open_store
 
     path = find(args.config)
@@ -110,8 +165,14 @@ def main(args: Any) -> int:
         print(line, flush=True)
 
     kwargs: dict[str, Any] = {} if args.id is None else {"instance": args.id}
-    sched = Scheduler(store, jobs, RunLauncher(url, path), misfire_grace=args.misfire_grace,
-                      keep=args.keep, say=say, **kwargs)  # fmt: skip
+    warden = Warden(store, quiet=True)
+    flusher = _Flusher(store, config.sinks) if config.sinks else None
+    in_process = InProcess(warden, concurrency=args.concurrency, misfire_grace=args.misfire_grace, say=say,
+                           ended=None if flusher is None else flusher.poke)  # fmt: skip
+    launch = Launchers(in_process=in_process, detached=RunLauncher(url, path))
+    sched = Scheduler(store, jobs, launch, misfire_grace=args.misfire_grace, keep=args.keep, say=say,
+                      **kwargs)  # fmt: skip
+    in_process.instance = sched.owner
     unscheduled = [j.name for j in config.jobs if not j.command]
     listed = ", ".join(f"{j.name} ({j.schedule.text})" for j in jobs)
     if unscheduled:
@@ -122,6 +183,12 @@ def main(args: Any) -> int:
         # read-only user: exit 2) says so at start, not at the first fire,
         # maybe a day away. Forgotten like any claim.
         store.claim_slot(jobs[0].name, -1.0, sched.owner, args.keep)
+        for job in jobs:
+            # What cronwarden run saves for the monitor (schedule, policy, …),
+            # once at start rather than at every fire.
+            info = _job_info(job.settings, _schedule(job.settings), sched.clock.wall())
+            if info is not None and not job.settings.detach:
+                _sync_job(store, info)
         say(
             f"cronwarden scheduler {sched.instance}: {len(jobs)} job(s) from {path} "
             f"on {mask_password(url)}: {listed}"
@@ -135,7 +202,11 @@ def main(args: Any) -> int:
         else:
             sched.wait_runs(args.stop_timeout, wakeup.sleep, lambda: len(stopping))
     finally:
+        in_process.close()
+        if flusher is not None:
+            flusher.close(timeout=10.0)
         wakeup.close()
+        warden.close()
         store.close()
     say(f"cronwarden scheduler {sched.instance}: stopped; fired {sched.fired} slot(s)")
     return 0

@@ -13,7 +13,7 @@ from cronwarden.errors import UsageError
 
 if TYPE_CHECKING:
     from cronwarden.events import JobInfo
-    from cronwarden.monitor import Monitor, Thresholds
+    from cronwarden.monitor import JobRules, Monitor, Thresholds
     from cronwarden.stores.base import Store
 
 
@@ -76,21 +76,39 @@ def thresholds(args: Any) -> Thresholds:
 def config_jobs(args: Any) -> list[JobInfo]:
     """Jobs declared in the config file, as ``JobInfo``: the file is where a
     policy's reason is usually written."""
+    return _from_config(args)[0]
+
+
+def _from_config(args: Any) -> tuple[list[JobInfo], dict[str, JobRules], JobRules | None]:
+    """The config file's jobs, their monitoring settings, and those of
+    ``[defaults]`` (for jobs the file does not name)."""
     from cronwarden.config import find, load
     from cronwarden.events import JobInfo
+    from cronwarden.monitor import JobRules
 
     path = find(getattr(args, "config", None))
     if path is None:
-        return []
-    out = []
-    for j in load(path).jobs:
-        out.append(
+        return [], {}, None
+    config = load(path)
+    jobs = []
+    rules: dict[str, JobRules] = {}
+    for j in config.jobs:
+        jobs.append(
             JobInfo(
                 name=j.name, schedule=j.schedule_text(), period=j.every, policy=str(j.policy),
                 reason=j.reason, ttl=j.ttl, grace=j.grace, max_runtime=j.max_runtime,
             )
         )  # fmt: skip
-    return out
+        rules[j.name] = JobRules(
+            failure_threshold=j.failure_threshold,
+            recovery_threshold=j.recovery_threshold,
+            maintenance=j.maintenance,
+        )
+    d = config.defaults
+    default = JobRules(failure_threshold=d.get("failure_threshold", 1),
+                       recovery_threshold=d.get("recovery_threshold", 1),
+                       maintenance=tuple(d.get("maintenance", ())))  # fmt: skip
+    return jobs, rules, default
 
 
 def open_store_of(args: Any, clock: Clock) -> Store:
@@ -103,4 +121,6 @@ def open_store_of(args: Any, clock: Clock) -> Store:
 def open_monitor(args: Any, store: Store, clock: Clock) -> Monitor:
     from cronwarden.monitor import Monitor
 
-    return Monitor(store, clock=clock, thresholds=thresholds(args), extra_jobs=config_jobs(args))
+    jobs, rules, default = _from_config(args)
+    return Monitor(store, clock=clock, thresholds=thresholds(args), extra_jobs=jobs, job_rules=rules,
+                   default_rules=default)  # fmt: skip

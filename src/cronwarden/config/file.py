@@ -318,6 +318,10 @@ def _parse_value(key: str, raw: Any) -> Any:
         if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
             raise UsageError(f"max_pending must be a whole number of at least 1, got {raw!r}")
         return raw
+    if key == "detach":
+        if not isinstance(raw, bool):
+            raise UsageError(f"detach must be true or false, got {raw!r}")
+        return raw
     if key == "allow_unpartitioned":
         if not isinstance(raw, bool):
             raise UsageError(f"allow_unpartitioned must be true or false, got {raw!r}")
@@ -341,6 +345,16 @@ def _parse_value(key: str, raw: Any) -> Any:
             if not isinstance(t, str) or not NAME.fullmatch(t):
                 raise UsageError(f"tags must be names of letters, digits, '_', '.', '@' or '-', got {t!r}")
         return tuple(dict.fromkeys(raw))
+    if key in ("failure_threshold", "recovery_threshold"):
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            raise UsageError(f"{key} must be a whole number of at least 1 (runs in a row), got {raw!r}")
+        return raw
+    if key == "maintenance":
+        from cronwarden.config.windows import EXAMPLE, Window
+
+        if not isinstance(raw, list) or not all(isinstance(w, str) for w in raw):
+            raise UsageError(f"maintenance must be a list of windows like [{EXAMPLE}], got {raw!r}")
+        return tuple(Window.parse(w) for w in raw)
     if key == "command":
         if not isinstance(raw, list) or not raw or not all(isinstance(a, str) for a in raw) or not raw[0]:
             raise UsageError("command must be a non-empty list of strings like "

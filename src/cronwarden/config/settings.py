@@ -55,8 +55,14 @@ JOB_KEYS = (
     "allow_unpartitioned",
     "command",
     "tags",
+    "failure_threshold",
+    "recovery_threshold",
+    "maintenance",
+    "detach",
 )
-DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone")
+MONITOR_KEYS = ("failure_threshold", "recovery_threshold", "maintenance")
+"""Settings only the monitor reads (``check``, ``monitor``, ``audit``)."""
+DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone", *MONITOR_KEYS)
 """What ``[defaults]`` may set. Not ``policy``: a policy is chosen per job,
 with its own reason, or it is the default (skip)."""
 TOP_KEYS = ("store", "defaults", "jobs", "sinks")
@@ -131,6 +137,17 @@ class JobSettings(NamedTuple):
     settings absent here are built-in defaults."""
     tags: tuple[str, ...] = ()
     """Names sinks route by (``tags = [...]`` in a sink's route)."""
+    failure_threshold: int = 1
+    """``failing`` is raised after this many bad endings in a row ..."""
+    recovery_threshold: int = 1
+    """... and resolved after this many successes in a row."""
+    maintenance: tuple[Any, ...] = ()
+    """Recurring windows (``cronwarden.config.windows.Window``) in which the
+    job's findings are recorded but not delivered to alerting sinks."""
+    detach: bool = False
+    """The scheduler fires it as a ``cronwarden run`` child of its own
+    session, which outlives a scheduler restart, instead of in its own
+    process."""
 
     def schedule_text(self) -> str | None:
         """The schedule as ``Schedule.parse`` reads it back (what the store keeps)."""

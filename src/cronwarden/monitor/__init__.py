@@ -14,13 +14,20 @@ evaluation reads:
 ``open_runs()`` and ``jobs()`` are read once per pass for all jobs. So the
 cost of a pass grows with the number of jobs, not with the number of runs.
 
+Every job the ledger has runs or events of is a job (``Store.ledger_jobs``),
+described or not; a job with no schedule is judged for what needs no period.
+
 Findings are events (``slow``, ``skips_in_a_row``, ``missed``,
-``grace_too_wide``, ``stuck``, ``overlap``, ``policy_undecided``) with
+``grace_too_wide``, ``stuck``, ``overlap``, ``policy_undecided``,
+``failing``, ``too_often``) with
 ``data["state"]`` ``"raised"`` or ``"resolved"``. A finding is identified by
 (job, rule) or, for ``stuck`` and ``overlap``, by (job, rule, run id). Its
 current state is the state of its last event in the ledger, so a finding is
 recorded once when it becomes true and once when it stops, however many
-monitors or ``check`` passes look at it (no alert storms). An ``overlap``
+monitors or ``check`` passes look at it (no alert storms). While the job is
+snoozed (``Monitor.snooze``) or in a maintenance window, findings are still
+recorded, with ``data["snoozed"] = true``, and alerting sinks are not sent
+them (``cronwarden.sinks.route``). An ``overlap``
 event without a state (recorded by the store under policy allow, or by a
 report-only start) counts as raised: the monitor resolves it once the runs no
 longer overlap.
@@ -28,7 +35,8 @@ longer overlap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +51,7 @@ from cronwarden.monitor.rules import (
     RAISED,
     RESOLVED,
     Condition,
+    FailingRule,
     GraceTooWideRule,
     MissedRule,
     OverlapRule,
@@ -52,31 +61,42 @@ from cronwarden.monitor.rules import (
     SkipsInARowRule,
     SlowRule,
     StuckRule,
+    TooOftenRule,
 )
+from cronwarden.monitor.snooze import SNOOZE_KINDS, Snooze, snooze_at, snooze_event, unsnooze_event
 from cronwarden.monitor.stats import (
     ATTEMPT_KINDS,
+    BAD_OUTCOMES,
     COMPLETED,
     WINDOW_EVENT_KINDS,
+    Failing,
+    JobRules,
     JobStats,
     Overlap,
     Stuck,
     Thresholds,
     Verdict,
+    failing_of,
     find_overlaps,
     parse_schedule,
     partition,
     quantile,
+    slot_counts,
 )
 from cronwarden.stores.base import EventQuery, Store, abandon_expired
 
 __all__ = [
+    "BAD_OUTCOMES",
     "DEFAULT_RULES",
     "FINDING_KINDS",
     "PER_RUN",
     "RAISED",
     "RESOLVED",
     "Condition",
+    "Failing",
+    "FailingRule",
     "GraceTooWideRule",
+    "JobRules",
     "JobStats",
     "MissedRule",
     "Monitor",
@@ -88,9 +108,11 @@ __all__ = [
     "Severity",
     "SkipsInARowRule",
     "SlowRule",
+    "Snooze",
     "Stuck",
     "StuckRule",
     "Thresholds",
+    "TooOftenRule",
     "Verdict",
     "find_overlaps",
     "parse_schedule",
@@ -116,7 +138,9 @@ class Pass:
 
     @property
     def severity(self) -> Severity:
-        return max((c.severity for c in self.active), default=Severity.OK)
+        """The worst finding that holds, snoozed ones left out: a snoozed
+        job pages no one, ``check`` included."""
+        return max((c.severity for c in self.active if not c.snoozed), default=Severity.OK)
 
 
 class Monitor:
@@ -125,6 +149,8 @@ class Monitor:
     ``store`` is a ``Store`` the caller owns. ``clock.wall()`` is read once per
     pass. ``extra_jobs`` adds jobs known from elsewhere (the config file) to
     those the store knows; they win over the store's record of the same name.
+    ``job_rules`` holds jobs' own monitoring settings (failure and recovery
+    thresholds, maintenance windows); other jobs get ``default_rules``.
     """
 
     def __init__(
@@ -135,12 +161,16 @@ class Monitor:
         thresholds: Thresholds | None = None,
         rules: Sequence[Rule] = DEFAULT_RULES,
         extra_jobs: Sequence[JobInfo] = (),
+        job_rules: Mapping[str, JobRules] | None = None,
+        default_rules: JobRules | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.thresholds = thresholds or Thresholds()
         self.rules = tuple(rules)
         self.extra_jobs = tuple(extra_jobs)
+        self.job_rules = dict(job_rules or {})
+        self.default_rules = default_rules or JobRules()
         self._schedules: dict[str, tuple[float | None, str | None]] = {}
 
     # -- statistics -------------------------------------------------------
@@ -158,9 +188,15 @@ class Monitor:
             return self._schedules[info.schedule]
         return info.period, None
 
+    def rules_of(self, job: str) -> JobRules:
+        return self.job_rules.get(job, self.default_rules)
+
     def known_jobs(self, open_runs: Sequence[RunRecord] = ()) -> dict[str, JobInfo | None]:
-        """Jobs the store describes, plus ``extra_jobs``, plus jobs with open runs."""
-        jobs: dict[str, JobInfo | None] = {j.name: j for j in self.store.jobs()}
+        """Jobs the store describes, plus ``extra_jobs``, plus every job the
+        ledger has runs or events of (described or not: None), plus jobs with
+        open runs."""
+        jobs: dict[str, JobInfo | None] = dict.fromkeys(self.store.ledger_jobs())
+        jobs.update({j.name: j for j in self.store.jobs()})
         for j in self.extra_jobs:
             known = jobs.get(j.name)
             if known is not None and not j.updated_at:  # keep when the store first heard of it
@@ -199,6 +235,7 @@ class Monitor:
         events: list[Event],
     ) -> JobStats:
         t = self.thresholds
+        rules = self.rules_of(job)
         period, schedule_error = self._period(info, now)
         # Open runs older than the window still count: a stuck run never ages out while open.
         seen = {r.run_id for r in recent}
@@ -257,10 +294,19 @@ class Monitor:
                     stuck.append(Stuck(run=found, why=found.detail or "lease expired, no terminal record"))
                     stuck_ids.add(e.run_id)
 
+        failing = failing_of((r for r in reversed(recent) if r.outcome is not None), rules)
+        schedule = info.schedule if info and info.schedule else (f"every {format_duration(period)}" if period
+                                                                   else None)  # fmt: skip
+        slots: tuple[tuple[float, int], ...] = ()
+        if schedule is not None and period and schedule_error is None:
+            # Queued starts are not counted: each one is counted when it starts.
+            attempts = [(r.started_at, r.slot) for r in window]
+            attempts += [(e.at, None) for e in events if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
+            slots = slot_counts(attempts, schedule, period)
+
         return JobStats(
             job=job, info=info, now=now, window_start=window_start,
-            schedule=info.schedule if info and info.schedule else (
-                f"every {format_duration(period)}" if period else None),
+            schedule=schedule,
             period=period, grace=t.grace(info, period), schedule_error=schedule_error,
             runs=len(window), completed=len(durations), durations=tuple(durations),
             p50=quantile(durations, 0.5) if durations else None,
@@ -273,6 +319,7 @@ class Monitor:
             last_start=last_start, last_attempt=last_attempt, last_success=last_success,
             overlap_list=tuple(overlap_list), stuck=tuple(stuck),
             events_truncated=len(events) >= t.event_limit,
+            rules=rules, failing=failing, slots=slots,
         )  # fmt: skip
 
     def audit(self) -> list[JobStats]:
@@ -291,16 +338,40 @@ class Monitor:
 
     def states(self, job: str) -> dict[tuple[EventKind, str | None], Event]:
         """The last finding event of each (rule, run id) of ``job``: its state."""
+        return self._states(job)[0]
+
+    def _states(self, job: str) -> tuple[dict[tuple[EventKind, str | None], Event], list[Event]]:
+        """The finding states of ``job`` and its snooze events, in one read."""
         found = self.store.events(
-            EventQuery(job=job, kinds=FINDING_KINDS, limit=self.thresholds.finding_limit)
+            EventQuery(job=job, kinds=(*FINDING_KINDS, *SNOOZE_KINDS), limit=self.thresholds.finding_limit)
         )
         found.sort(key=lambda e: (e.at, e.seq or 0))
         last: dict[tuple[EventKind, str | None], Event] = {}
+        snoozes = [e for e in found if e.kind in SNOOZE_KINDS]
         for e in found:
+            if e.kind in SNOOZE_KINDS:
+                continue
             if "state" not in e.data and e.kind is not EventKind.OVERLAP:
                 continue  # a fact (e.g. a scheduler's missed slot), not a finding
             last[(e.kind, e.run_id if e.kind in PER_RUN else None)] = e
-        return last
+        return last, snoozes
+
+    def snooze_of(self, job: str) -> Snooze | None:
+        """The job's snooze or maintenance window now, if any."""
+        return snooze_at(self.clock.wall(), self._states(job)[1], self.rules_of(job).maintenance)
+
+    def snooze(self, job: str, seconds: float, *, by: str = "", reason: str = "") -> Event:
+        """Record that ``job``'s findings are not delivered to alerting sinks
+        for ``seconds`` from now (they are still recorded and shown)."""
+        event = snooze_event(job, self.clock.wall(), seconds, by=by, reason=reason)
+        self.store.record(event)
+        return event
+
+    def unsnooze(self, job: str, *, by: str = "", reason: str = "") -> Event:
+        """End ``job``'s snooze now (a maintenance window still holds in its hours)."""
+        event = unsnooze_event(job, self.clock.wall(), by=by, reason=reason)
+        self.store.record(event)
+        return event
 
     def evaluate(self, *, record: bool = True) -> Pass:
         """One pass over every job: statistics, rules, and the findings that
@@ -322,7 +393,13 @@ class Monitor:
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:
                 abandoned.extend(self._abandon_expired(stats, now))
-            states = self.states(name)
+            states, snoozes = self._states(name)
+            snoozed = snooze_at(now, snoozes, stats.rules.maintenance)
+            if snoozed is not None:
+                stats = dataclasses.replace(stats, snooze=snoozed)
+                all_stats[-1] = stats
+                conditions = [dataclasses.replace(c, snoozed=True) for c in conditions]
+            mark: dict[str, Any] = {} if snoozed is None else {"snoozed": True, "snooze": snoozed.as_dict()}
             # An ended run's finding that was resolved (acknowledged) stays resolved.
             conditions = [
                 c for c in conditions
@@ -337,7 +414,7 @@ class Monitor:
                 event = Event(
                     kind=c.rule, job=name, run_id=c.run_id, at=now,
                     data={"state": RAISED, "severity": c.severity.name.lower(), "summary": c.summary,
-                          **c.data},
+                          **c.data, **mark},
                 )  # fmt: skip
                 raised.append(event)
             for o in stats.overlap_list:
@@ -349,6 +426,7 @@ class Monitor:
                         "severity": c.severity.name.lower(),
                         "summary": c.summary,
                         **c.data,
+                        **mark,
                     }
                     raised.append(Event(kind=c.rule, job=name, run_id=c.run_id, at=now, data=fact))
                     states[c.key] = raised[-1]
@@ -364,6 +442,10 @@ class Monitor:
                 gone: dict[str, Any] = {"state": RESOLVED, "raised_at": last.at,
                                         "summary": _resolution(rule, run_id)}  # fmt: skip
                 gone.update({k: last.data[k] for k in ("holder_run_id", "run_ids") if k in last.data})
+                if mark or last.data.get("snoozed") is True:
+                    # Now snoozed, or raised while snoozed (never delivered): the resolution
+                    # alone would be news of something nobody was told.
+                    gone.update(mark or {"snoozed": True})
                 resolved.append(Event(kind=rule, job=name, run_id=run_id, at=now, data=gone))
         if record:
             for event in (*raised, *resolved):
@@ -409,4 +491,6 @@ def _resolution(rule: EventKind, run_id: str | None) -> str:
         EventKind.STUCK: f"run {run_id} ended",
         EventKind.OVERLAP: f"run {run_id} no longer overlaps an earlier run",
         EventKind.POLICY_UNDECIDED: "the policy has a reason, or the period is over twice the p95",
+        EventKind.FAILING: "runs succeed again (the recovery threshold in a row)",
+        EventKind.TOO_OFTEN: "a slot had one start",
     }.get(rule, "no longer holds")

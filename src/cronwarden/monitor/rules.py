@@ -27,6 +27,8 @@ FINDING_KINDS: tuple[EventKind, ...] = (
     EventKind.STUCK,
     EventKind.OVERLAP,
     EventKind.POLICY_UNDECIDED,
+    EventKind.FAILING,
+    EventKind.TOO_OFTEN,
 )
 
 PER_RUN: frozenset[EventKind] = frozenset({EventKind.STUCK, EventKind.OVERLAP})
@@ -54,13 +56,17 @@ class Condition:
     once: bool = False
     """About a run that has ended: it cannot stop and start again, so it is
     raised only if it never was (an acknowledged one stays resolved)."""
+    snoozed: bool = False
+    """Its job is snoozed or in a maintenance window: recorded and shown, not
+    delivered to alerting sinks, and not counted in ``check``'s status."""
 
     @property
     def key(self) -> tuple[EventKind, str | None]:
         return (self.rule, self.run_id)
 
     def line(self) -> str:
-        return f"{self.severity.name} {self.job} {self.rule.value}: {self.summary}"
+        snoozed = " (snoozed)" if self.snoozed else ""
+        return f"{self.severity.name} {self.job} {self.rule.value}: {self.summary}{snoozed}"
 
 
 class Rule:
@@ -239,6 +245,61 @@ class PolicyUndecidedRule(Rule):
         ]  # fmt: skip
 
 
+class FailingRule(Rule):
+    """The job's last ``failure_threshold`` endings (its own setting, default
+    1) were bad: failed, lease_lost, timed_out, abandoned or interrupted
+    (``stats.BAD_OUTCOMES``). Resolved after ``recovery_threshold`` successes
+    in a row (default 1). Replaced and stopped runs neither count nor break a
+    streak: another start, or an operator, ended them."""
+
+    kind = EventKind.FAILING
+
+    def evaluate(self, stats: JobStats, thresholds: Thresholds) -> list[Condition]:
+        f = stats.failing
+        if f is None:
+            return []
+        n = stats.rules.failure_threshold
+        ended = ", ".join(f.outcomes)
+        recovering = f" ({f.good} of {stats.rules.recovery_threshold} successes to recover)" if f.good else ""
+        return [
+            Condition(
+                rule=self.kind, job=stats.job, run_id=None, severity=Severity.CRITICAL,
+                summary=(
+                    f"{f.bad} run{'s' * (f.bad != 1)} in a row ended badly ({ended}; threshold {n}), "
+                    f"the last {f.last_run_id}{recovering}"
+                ),
+                data={"count": f.bad, "threshold": n, "recovery_threshold": stats.rules.recovery_threshold,
+                      "first_run_id": f.first_run_id, "last_run_id": f.last_run_id,
+                      "last_outcome": f.last_outcome, "since": f.since},
+            )
+        ]  # fmt: skip
+
+
+class TooOftenRule(Rule):
+    """Starts arrive faster than the schedule allows: each of the newest
+    ``thresholds.crowded_slots`` slots (default 2) had more than one start,
+    refused starts included (a second scheduler, a duplicated crontab line).
+    One slot with two starts (someone ran it by hand) is not enough."""
+
+    kind = EventKind.TOO_OFTEN
+
+    def evaluate(self, stats: JobStats, thresholds: Thresholds) -> list[Condition]:
+        if stats.period is None or stats.crowded < thresholds.crowded_slots:
+            return []
+        counts = [n for _, n in stats.slots[: stats.crowded]]
+        return [
+            Condition(
+                rule=self.kind, job=stats.job, run_id=None, severity=Severity.WARNING,
+                summary=(
+                    f"{' and '.join(map(str, counts))} starts in each of the last {len(counts)} slots "
+                    f"(schedule {stats.schedule}): a second scheduler or a duplicated crontab line?"
+                ),
+                data={"slots": [slot for slot, _ in stats.slots[: stats.crowded]], "starts": counts,
+                      "period": stats.period},
+            )
+        ]  # fmt: skip
+
+
 DEFAULT_RULES: tuple[Rule, ...] = (
     SlowRule(),
     SkipsInARowRule(),
@@ -247,6 +308,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     StuckRule(),
     OverlapRule(),
     PolicyUndecidedRule(),
+    FailingRule(),
+    TooOftenRule(),
 )
 
 

@@ -27,10 +27,108 @@ WINDOW_EVENT_KINDS: tuple[EventKind, ...] = (
 ATTEMPT_KINDS = frozenset({EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL})
 """Refused starts: the scheduler did fire, so the slot was not missed."""
 
+BAD_OUTCOMES: frozenset[Outcome] = frozenset(
+    {Outcome.FAILED, Outcome.LEASE_LOST, Outcome.TIMED_OUT, Outcome.ABANDONED, Outcome.INTERRUPTED}
+)
+"""Endings that count toward ``failing``: the work did not get done. Not
+``replaced`` (policy replace: a newer start took the work over) and not
+``stopped`` (an operator decided it): those neither count nor break a streak."""
+
+GOOD_OUTCOMES: frozenset[Outcome] = frozenset({Outcome.SUCCEEDED})
+"""Endings that count toward resolving ``failing``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRules:
+    """A job's own monitoring settings (``[jobs.NAME]`` in the config file;
+    the defaults for a job the file does not name)."""
+
+    failure_threshold: int = 1
+    """``failing`` is raised after this many bad endings in a row ..."""
+    recovery_threshold: int = 1
+    """... and resolved after this many successes in a row."""
+    maintenance: tuple[Any, ...] = ()
+    """Recurring windows (``cronwarden.monitor.snooze.Window``) in which the
+    job's findings are recorded but not delivered to alerting sinks."""
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise UsageError(f"failure_threshold must be at least 1, got {self.failure_threshold}")
+        if self.recovery_threshold < 1:
+            raise UsageError(f"recovery_threshold must be at least 1, got {self.recovery_threshold}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failing:
+    """A job whose last endings were bad: ``bad`` of them in a row from the
+    run that crossed the threshold (``first_run_id``, started ``since``), and
+    ``good`` successes since the last bad one (fewer than the recovery
+    threshold, or it would not be failing)."""
+
+    since: float
+    first_run_id: str
+    bad: int
+    good: int
+    last_run_id: str
+    last_outcome: str
+    outcomes: tuple[str, ...]
+    """The bad endings of the streak, oldest first (at most the last 10)."""
+
+
+@dataclass(frozen=True)
+class FailingTally:
+    """The running state ``failing_step`` advances, one ending at a time (a
+    rollup keeps it per job and advances it when a run ends)."""
+
+    raised: bool = False
+    bad: int = 0
+    good: int = 0
+    first_run_id: str = ""
+    since: float = 0.0
+    last_run_id: str = ""
+    last_outcome: str = ""
+    outcomes: tuple[str, ...] = ()
+
+
+def failing_step(t: FailingTally, run: RunRecord, rules: JobRules) -> FailingTally:
+    """The tally after one more ended run (oldest first). A bad ending adds
+    to the streak and raises at the failure threshold; a success adds to the
+    good streak and clears the failure at the recovery threshold; any other
+    ending (replaced, stopped) changes nothing."""
+    if run.outcome in BAD_OUTCOMES:
+        assert run.outcome is not None
+        first, since = (t.first_run_id, t.since) if t.bad else (run.run_id, run.started_at)
+        outcomes = ((*t.outcomes, run.outcome.value) if t.bad else (run.outcome.value,))[-10:]
+        bad = t.bad + 1
+        raised = t.raised or bad >= rules.failure_threshold
+        return FailingTally(raised, bad, 0, first, since, run.run_id, run.outcome.value, outcomes)
+    if run.outcome in GOOD_OUTCOMES:
+        good = t.good + 1
+        if t.raised and good >= rules.recovery_threshold:
+            return FailingTally(good=good)
+        # Still failing until enough successes; the bad streak that raised it is kept for the summary.
+        bad = t.bad if t.raised else 0
+        return FailingTally(t.raised, bad, good, t.first_run_id, t.since, t.last_run_id, t.last_outcome,
+                            t.outcomes)  # fmt: skip
+    return t
+
+
+def failing_of(ended: Iterable[RunRecord], rules: JobRules) -> Failing | None:
+    """Whether the job is failing after these ended runs (oldest first)."""
+    t = FailingTally()
+    for r in ended:
+        t = failing_step(t, r, rules)
+    if not t.raised:
+        return None
+    return Failing(since=t.since, first_run_id=t.first_run_id, bad=t.bad, good=t.good,
+                   last_run_id=t.last_run_id, last_outcome=t.last_outcome, outcomes=t.outcomes)  # fmt: skip
+
 
 class Verdict(enum.StrEnum):
     """What ``audit`` says of a job, from its statistics (worst first)."""
 
+    FAILING = "failing"
+    """Its last runs ended badly (the job's failure threshold in a row)."""
     OVERLAPPING = "overlapping"
     """Two runs of the same job (same partition) were open at once in the window."""
     AT_RISK = "at risk"
@@ -39,8 +137,11 @@ class Verdict(enum.StrEnum):
     WATCH = "watch"
     """The period is under twice the p95: write down what a second start does."""
     OK = "ok"
+    UNSCHEDULED = "unscheduled"
+    """No schedule known (a job seen only through its runs): nothing to judge
+    durations, misses or crowding against; failing, stuck and overlaps still are."""
     UNKNOWN = "unknown"
-    """No period (no schedule known) or no completed run in the window."""
+    """Too few completed runs in the window to judge durations."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +165,8 @@ class Thresholds:
     """Most refusal/overlap events read per job per pass (counts cap here)."""
     finding_limit: int = 500
     """Most finding events read per job to derive the current states."""
+    crowded_slots: int = 2
+    """``too_often`` when this many of the newest slots in a row each had more than one start."""
 
     def __post_init__(self) -> None:
         if self.runs < 1:
@@ -76,6 +179,8 @@ class Thresholds:
             raise UsageError(f"--skips must be at least 1, got {self.skips_in_a_row}")
         if self.min_runs < 1:
             raise UsageError(f"--min-runs must be at least 1, got {self.min_runs}")
+        if self.crowded_slots < 1:
+            raise UsageError(f"crowded_slots must be at least 1, got {self.crowded_slots}")
 
     def grace(self, info: JobInfo | None, period: float | None) -> float | None:
         if info is not None and info.grace is not None:
@@ -94,6 +199,28 @@ def quantile(ordered: Sequence[float], q: float) -> float:
     lo = math.floor(h)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (h - lo)
+
+
+def slot_counts(
+    attempts: Iterable[tuple[float, float | None]], schedule: str, period: float, most: int = 4
+) -> tuple[tuple[float, int], ...]:
+    """The newest ``most`` slots that had attempts (start time, and the slot
+    the start was recorded for, if any), each with how many, newest first. A
+    start up to min(60 s, period/10) before a fire counts for that fire (clock
+    skew), as for ``missed``. Only the newest attempts are looked at: cron
+    slots cost a cron walk each."""
+    try:
+        sched = parse_schedule(schedule)
+    except UsageError:
+        return ()
+    early = min(60.0, period / 10)
+    counts: dict[float, int] = {}
+    for at, slot in sorted(attempts, key=lambda a: a[0], reverse=True)[: 4 * most]:
+        s = float(slot) if slot is not None else float(sched.slot(at + early))
+        if s not in counts and len(counts) >= most:
+            break
+        counts[s] = counts.get(s, 0) + 1
+    return tuple(sorted(counts.items(), reverse=True))
 
 
 def parse_schedule(text: str) -> Any:
@@ -190,6 +317,25 @@ class JobStats:
     stuck: tuple[Stuck, ...] = ()
     events_truncated: bool = False
     schedule_error: str | None = None
+    rules: JobRules = field(default_factory=JobRules)
+    """The job's own monitoring settings."""
+    failing: Failing | None = None
+    """Set when the job's last endings were bad (see ``failing_of``)."""
+    slots: tuple[tuple[float, int], ...] = ()
+    """The newest slots that had starts (refused ones included), each with how
+    many, newest first (``slot_counts``); empty for an unscheduled job."""
+    snooze: Any = None
+    """The job's snooze or maintenance window now (``cronwarden.monitor.snooze.Snooze``), or None."""
+
+    @property
+    def crowded(self) -> int:
+        """How many of the newest slots in a row had more than one start."""
+        n = 0
+        for _, count in self.slots:
+            if count < 2:
+                break
+            n += 1
+        return n
 
     @property
     def ratio(self) -> float | None:
@@ -214,6 +360,8 @@ class JobStats:
         return enough and r is not None and r > 0.5 and not self.reason.strip()
 
     def verdict(self, thresholds: Thresholds) -> Verdict:
+        if self.failing is not None:
+            return Verdict.FAILING
         if self.overlaps:
             return Verdict.OVERLAPPING
         r = self.ratio
@@ -222,8 +370,11 @@ class JobStats:
             (enough and r is not None and r >= thresholds.slow)
             or self.skips_in_a_row >= thresholds.skips_in_a_row
             or self.stuck
+            or self.crowded >= thresholds.crowded_slots
         ):
             return Verdict.AT_RISK
+        if self.period is None:
+            return Verdict.UNSCHEDULED
         if r is None or not enough:
             return Verdict.UNKNOWN
         if r > 0.5:
@@ -232,10 +383,17 @@ class JobStats:
 
     def notes(self, thresholds: Thresholds) -> list[str]:
         out: list[str] = []
+        if self.failing is not None:
+            f = self.failing
+            out.append(f"failing: {f.bad} bad ending{'s' * (f.bad != 1)} in a row")
         if self.schedule_error:
             out.append(self.schedule_error)
         elif self.period is None:
             out.append("no schedule known")
+        if self.crowded >= thresholds.crowded_slots:
+            out.append(f"{self.slots[0][1]} starts in the last slot")
+        if self.snooze is not None:
+            out.append(str(self.snooze))
         if self.completed < thresholds.min_runs:
             out.append(f"{self.completed} completed run{'s' * (self.completed != 1)}")
         if self.overlaps:
@@ -281,5 +439,16 @@ class JobStats:
             "stuck": [s.run.run_id for s in self.stuck],
             "last_start": self.last_start,
             "last_success": self.last_success,
+            "failing": None
+            if self.failing is None
+            else {
+                "since": self.failing.since,
+                "bad": self.failing.bad,
+                "good": self.failing.good,
+                "first_run_id": self.failing.first_run_id,
+                "last_run_id": self.failing.last_run_id,
+                "outcomes": list(self.failing.outcomes),
+            },
+            "snoozed": None if self.snooze is None else self.snooze.as_dict(),
             "notes": self.notes(thresholds),
         }

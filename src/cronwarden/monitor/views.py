@@ -32,6 +32,8 @@ def strict_failures(stats: JobStats, thresholds: Thresholds) -> list[str]:
     verdict = stats.verdict(thresholds)
     decided = stats.policy == "allow" and stats.reason.strip()
     why = []
+    if verdict is Verdict.FAILING:
+        why.append("failing")
     if verdict is Verdict.AT_RISK:
         why.append("at risk")
     if verdict is Verdict.OVERLAPPING and not decided:

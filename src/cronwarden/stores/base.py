@@ -356,6 +356,18 @@ class Store(abc.ABC):
         :raises StoreError: the store is not usable
         """
 
+    @abc.abstractmethod
+    def ledger_jobs(self) -> list[str]:
+        """The name of every job with a run or an event in the ledger,
+        sorted, whether or not it was ever saved (``save_job``): a bare
+        ``cronwarden run --job x`` is a job too. Not the ``sink:NAME`` names
+        delivery events are recorded under. One indexed step per job, not a
+        scan of the ledger.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+
     def job(self, name: str) -> JobInfo | None:
         """One job's saved settings, or None if it was never saved. Reads
         that job only: every scheduled ``cronwarden run`` asks for its own.

@@ -30,6 +30,26 @@ ON CONFLICT (name) DO UPDATE SET
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at
 FROM {s}.jobs ORDER BY name;
 
+-- name: ledger_jobs --
+-- The distinct jobs of runs and of events, one index probe per job (a loose
+-- index scan over runs (job, started_at) and events (job, at)), not a scan
+-- of the ledger.
+WITH RECURSIVE
+    r(job) AS (
+        SELECT min(job) FROM {s}.runs
+        UNION ALL
+        SELECT (SELECT min(job) FROM {s}.runs WHERE job > r.job) FROM r WHERE r.job IS NOT NULL
+    ),
+    e(job) AS (
+        SELECT min(job) FROM {s}.events
+        UNION ALL
+        SELECT (SELECT min(job) FROM {s}.events WHERE job > e.job) FROM e WHERE e.job IS NOT NULL
+    )
+SELECT job FROM r WHERE job IS NOT NULL
+UNION
+SELECT job FROM e WHERE job IS NOT NULL
+ORDER BY 1;
+
 -- name: job --
 -- One job by the primary key: every `cronwarden run` asks for its own.
 SELECT name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at

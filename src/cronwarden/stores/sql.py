@@ -231,6 +231,10 @@ class SqlStore(Store):
     def jobs(self) -> list[JobInfo]:
         return [JobInfo._make(row) for row in self._fetch(self._shared["jobs"], ())]
 
+    def ledger_jobs(self) -> list[str]:
+        # ":" cannot occur in a job name: those are delivery events' sink:NAME.
+        return [row[0] for row in self._fetch(self._shared["ledger_jobs"], ()) if ":" not in row[0]]
+
     def job(self, name: str) -> JobInfo | None:
         rows = self._fetch(self._shared["job"], (name,))
         return JobInfo._make(rows[0]) if rows else None

@@ -80,13 +80,15 @@ def bind(
             self.send_header("Cache-Control", "no-store")
             for name, value in response.headers.items():
                 self.send_header(name, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(response.body)
+            # Logged before the body is sent: a client holding its answer can
+            # count on the line (a SIGTERM right after it does not lose it).
             if log is not None:
                 took = (time.monotonic() - started) * 1000
                 shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in self.path)
                 log(f"{self.client_address[0]} {self.command} {shown} {response.status} {took:.0f} ms")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(response.body)
 
         def _discard_body(self) -> None:
             """Read a request's body, unused: left on a kept-alive connection it

@@ -78,6 +78,8 @@ from cronwarden.stores.base import (
     Refused,
     Start,
     Store,
+    is_side_lease,
+    side_lease_key,
 )
 
 from .client import (
@@ -258,7 +260,7 @@ class RedisStore(Store):
 
     def acquire(self, start: Start) -> Granted | Refused:
         p = self.prefix
-        side = f"{start.key}+{start.run_id}"
+        side = side_lease_key(start.key, start.run_id)
         keys = self._ledger_keys(start.key, start.job)
         if start.policy is Policy.ALLOW:  # the side lease: declared only when it may be touched
             keys += [f"{p}lease:{side}", f"{p}live:{side}"]
@@ -308,7 +310,7 @@ class RedisStore(Store):
             data += f',"detail":{detail}'
         if end.replaced_by:
             data += f',"replaced_by":{json.dumps(end.replaced_by)}'
-        side = "+" in lease.key and lease.key.endswith("+" + lease.run_id)
+        side = is_side_lease(lease.key, lease.run_id)
         kind = end.outcome.event.value
         fields = [lease.run_id, lease.job, lease.key, kind, ending, repr(at), ordhex(at), data, new_id(),
                   "1" if side else "0"]  # fmt: skip
@@ -565,6 +567,11 @@ class RedisStore(Store):
     def jobs(self) -> list[JobInfo]:
         [raw] = self._read(lambda pipe: pipe.hgetall(self._k_jobs))
         return [JobInfo(**json.loads(raw[name])) for name in sorted(raw)]
+
+    def ledger_jobs(self) -> list[str]:
+        # Every job with a run has events (its start), so the ledger's jobs are the event jobs;
+        # ":" cannot occur in a job name: those are delivery events' sink:NAME.
+        return [job for job in self._ledger_jobs() if ":" not in job]
 
     def job(self, name: str) -> JobInfo | None:
         [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))

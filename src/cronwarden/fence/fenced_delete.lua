@@ -1,0 +1,5 @@
+-- DEL KEYS[2] if token ARGV[1] passes the fence KEYS[1].
+-- Returns {1, keys removed} or {0, newest}.
+local stale = fence(KEYS[1], ARGV[1])
+if stale then return {0, string.format('%d', stale)} end
+return {1, redis.call('DEL', KEYS[2])}

@@ -1,0 +1,5 @@
+-- HSET KEYS[2] field value … (ARGV[2] on) if token ARGV[1] passes the fence
+-- KEYS[1]. Returns {1, fields added} or {0, newest}.
+local stale = fence(KEYS[1], ARGV[1])
+if stale then return {0, string.format('%d', stale)} end
+return {1, redis.call('HSET', KEYS[2], unpack(ARGV, 2))}
