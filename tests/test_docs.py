@@ -197,9 +197,9 @@ def test_a_later_block_sees_an_earlier_blocks_files_and_ledger(tmp_path: Path) -
 
 
 def test_a_cron_line_gets_crons_environment_and_writes_the_documents_ledger(tmp_path: Path) -> None:
-    markdown = fence("cron", "* * * * *  env > cron-env; cronwarden run --job nightly -- true\n") + fence(
-        "sh", "cronwarden history nightly | grep -q succeeded\n"
-    )
+    markdown = fence(
+        "cron", "* * * * *  env > cron-env; /usr/local/bin/cronwarden run --job nightly -- true\n"
+    ) + fence("sh", "cronwarden history nightly | grep -q succeeded\n")
     assert [ok for ok, _ in _outcomes(tmp_path, markdown)] == [True, True]
     names = {line.split("=", 1)[0] for line in (tmp_path / "cron-env").read_text().splitlines()}
     assert "CRONWARDEN_STORE" not in names
@@ -227,7 +227,13 @@ def test_a_toml_example_is_written_where_its_annotation_says(tmp_path: Path) -> 
 def test_a_cron_line_runs_its_command_with_crons_path(tmp_path: Path) -> None:
     markdown = fence("cron", "*/10 * * * *  echo $PATH > path-seen\n")
     assert [ok for ok, _ in _outcomes(tmp_path, markdown)] == [True]
-    assert (tmp_path / "path-seen").read_text().strip().endswith(":/usr/bin:/bin")
+    assert (tmp_path / "path-seen").read_text().strip() == "/usr/bin:/bin"
+
+
+def test_a_cron_line_with_a_bare_cronwarden_fails_as_under_cron(tmp_path: Path) -> None:
+    [(ok, message)] = _outcomes(tmp_path, fence("cron", "* * * * *  cronwarden run --job x -- true\n"))
+    assert not ok
+    assert "not found" in message
 
 
 def test_a_cron_line_with_a_bad_schedule_or_a_bare_percent_fails(tmp_path: Path) -> None:

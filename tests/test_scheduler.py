@@ -410,7 +410,7 @@ def test_sigterm_stops_the_scheduler_and_its_runs_are_recorded(store_url: str, t
     with open_store(store_url) as store:
         assert store.open_runs("tick") == []
         (run,) = store.runs("tick")
-    assert run.outcome is Outcome.FAILED and run.exit_code == 128 + signal.SIGTERM
+    assert run.outcome is Outcome.INTERRUPTED and run.exit_code == 128 + signal.SIGTERM
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,20 @@ class NotStarted(CronwardenError):
         self.holder_run_id = holder_run_id
 
 
+class Interrupted(CronwardenError):
+    """The run's process was told to stop by a signal (SIGTERM from a pod
+    shutdown or ``systemctl stop``, SIGINT from Ctrl-C, SIGHUP): the run ends
+    ``interrupted``, not ``failed``. ``exit_code`` is the shell's 128+N."""
+
+    def __init__(self, signum: int, detail: str = "") -> None:
+        import signal
+
+        self.signum = signum
+        self.signal = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        super().__init__(f"{self.signal} to the supervisor" + (f"; {detail}" if detail else ""))
+
+
 class Fenced(CronwardenError):
     """A write carried a fencing token older than the newest one its resource
     has seen: a newer run of the job has written (or fenced) it since, so this

@@ -23,6 +23,7 @@ from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config.settings import DEFAULT_MAX_PENDING, DEFAULT_REPLACE_GRACE, DEFAULT_TTL, check_name
 from cronwarden.durations import MAX_DURATION, format_duration
 from cronwarden.errors import (
+    Interrupted,
     LeaseLost,
     LeaseRevoked,
     NotStarted,
@@ -34,6 +35,7 @@ from cronwarden.errors import (
 )
 from cronwarden.events import JobInfo, Outcome, new_id
 from cronwarden.lease import Heartbeat, HeartbeatThread, Lease, belief
+from cronwarden.local import Marker, dead_runs, mark, runtime_dir
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
     End,
@@ -292,8 +294,11 @@ class Run:
         *,
         abandoned: tuple[str, ...] = (),
         overlapped: Holder | None = None,
+        marker: Marker | None = None,
     ) -> None:
         self._guard = guard
+        self.marker = marker
+        """This run's marker on this host (``local``): held by its processes."""
         self.lease = lease
         self.heartbeat = heartbeat
         self.started_monotonic = started
@@ -413,7 +418,9 @@ class Guard:
             self.warden.declare(self.job, self.options)
         start = self._start()
         sharded_or_allow = self.key != self.job or self.options.policy is Policy.ALLOW
-        swept = self._sweep_other_keys(start) if sharded_or_allow else []
+        swept = self._close_dead_here(start)
+        if sharded_or_allow:
+            swept += self._sweep_other_keys(start)
         sent = self.clock.monotonic()
         result = self.warden.store.acquire(start)
         if swept:
@@ -423,6 +430,28 @@ class Guard:
         if isinstance(result, Refused):
             return result
         return self._begin(result, sent)
+
+    def _close_dead_here(self, start: Start) -> list[str]:
+        """Runs of this job on this host whose processes are all gone
+        (``local``: their markers are unlocked) get their ``abandoned``
+        record now, and their leases are released through the store's
+        compare of the owner, so this start need not wait for them to
+        expire. Returns the runs closed."""
+        closed = []
+        for dead in dead_runs(self.warden.runtime_dir, self.job):
+            lease = Lease(key=dead.key, job=self.job, run_id=dead.run_id, token=dead.token, ttl=0.0)
+            end = End(outcome=Outcome.ABANDONED, at=start.at,
+                      detail=f"no process of the run is left on host {self.warden.host}; "
+                      f"found by run {start.run_id}")  # fmt: skip
+            try:
+                finished = self.warden.store.finish(lease, end)
+            except StoreError:
+                dead.close()  # the marker stays for the next start; this one fails on the store too
+                continue
+            if finished.recorded:
+                closed.append(dead.run_id)
+            dead.forget()
+        return closed
 
     def _sweep_other_keys(self, start: Start) -> list[str]:
         """A side lease (policy allow) or a shard may never be started again
@@ -470,7 +499,9 @@ class Guard:
             stop_at=None if self.options.max_runtime is None else sent + self.options.max_runtime,
             thread=self.warden.heartbeats,
         )
-        run = Run(self, lease, hb, sent, abandoned=granted.abandoned, overlapped=granted.overlapped)
+        marker = mark(self.warden.runtime_dir, self.job, lease.key, lease.run_id, lease.token)
+        run = Run(self, lease, hb, sent, abandoned=granted.abandoned, overlapped=granted.overlapped,
+                  marker=marker)  # fmt: skip
         hb.start(lease.key)
         logger = log()
         if logger is not None:
@@ -509,6 +540,11 @@ class Guard:
             return End(outcome=Outcome.LEASE_LOST, at=at, exit_code=exit_code, detail=str(why))
         if interrupted is not None:
             return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=interrupted[:500])
+        if isinstance(error, Interrupted):
+            return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=str(error)[:500])
+        if isinstance(error, KeyboardInterrupt):  # Ctrl-C in a with block or a decorated function
+            detail = "SIGINT (KeyboardInterrupt)"
+            return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=detail)
         if error is not None:
             detail = f"{type(error).__name__}: {error}"[:500]
             return End(outcome=Outcome.FAILED, at=at, exit_code=exit_code, detail=detail)
@@ -540,6 +576,11 @@ class Guard:
         then = self._start() if drain else None
         sent = 0.0 if then is None else self.clock.monotonic()
         finished = self._finish_with_retries(run.lease, end, then)
+        if run.marker is not None:
+            if finished is not None:
+                run.marker.release()
+            else:  # unrecorded: once this process is gone, the next start here records abandoned
+                run.marker.close()
         logger = log()
         if logger is not None:
             level = _LEVELS.get(end.outcome, _LEVELS_DEFAULT)
@@ -659,6 +700,7 @@ class Warden:
         self.host = host or this_host()
         self.quiet = quiet
         self.heartbeats = HeartbeatThread()
+        self._runtime_dir: str | None = None
         """One thread renews the leases of all this warden's runs."""
         self._options: dict[tuple[tuple[str, Any], ...], Options] = {}
         """Validated options by the keywords that made them: a job guarded in
@@ -676,6 +718,13 @@ class Warden:
         else:
             self.store = store
             self._owns_store = False
+
+    @property
+    def runtime_dir(self) -> str:
+        """Where this host's runs leave their markers (``local``)."""
+        if self._runtime_dir is None:
+            self._runtime_dir = runtime_dir(self.store.url, self.host)
+        return self._runtime_dir
 
     def guard(self, job: str, **options: Any) -> Guard:
         """``with warden.guard("reconcile", ttl=120) as run: ...``, or

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from cronwarden.errors import LeaseLost, LeaseRevoked, UsageError
+from cronwarden.errors import Interrupted, LeaseLost, LeaseRevoked, UsageError
 from cronwarden.guard import Run
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -46,7 +46,7 @@ def _prctl() -> Callable[..., int]:
 
 
 def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, held: int,
-          prctl: Callable[..., int]) -> int:  # fmt: skip
+          prctl: Callable[..., int], marker: int | None) -> int:  # fmt: skip
     """The keeper: a fork of the supervisor (no exec) that starts the command
     in a new process group and answers for the whole group.
 
@@ -61,8 +61,10 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
 
     ``held`` is the write end of the supervisor's exit pipe: kept open, never
     written, it closes when the keeper exits (``_exit_descriptor``).
+    ``marker`` is the run's marker (``local``): the keeper and the command's
+    processes hold it, so it stays locked while any of them lives.
     """
-    _close_fds(keep=(report, held))
+    _close_fds(keep=(report, held) if marker is None else (report, held, marker))
     # A group of its own: a kill of the supervisor's whole group (timeout -k,
     # kill -9 -PGID) must leave the keeper alive to take the command down.
     os.setpgid(0, 0)
@@ -95,6 +97,8 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
             # signals; the command expects defaults.
             for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU, PARENT_DIED, *FORWARDED):
                 signal.signal(s, signal.SIG_DFL)
+            if marker is not None:
+                os.set_inheritable(marker, True)
             os.execvpe(argv[0], list(argv), dict(env))
         except OSError as e:
             os.write(report, f"E{e.errno}\n".encode())
@@ -265,9 +269,10 @@ class Child:
     """The command's keeper (waited on through ``fileno()``, readable when it
     exits) and the command's process group (signalled)."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], marker: int | None = None) -> None:
         """Start ``argv`` (never through a shell) under a keeper that dies
-        with us and takes the command's group with it."""
+        with us and takes the command's group with it. ``marker``, the
+        run's marker descriptor, is passed to the keeper and the command."""
         prctl = _prctl()  # load libc before forking, not in the child
         report_r, report_w = os.pipe()
         # Made before the fork, whether or not pidfd_open works: only the
@@ -278,7 +283,7 @@ class Child:
         if pid == 0:  # pragma: no cover - runs in the child
             code = 127
             try:
-                code = _keep(argv, env, parent, report_w, exit_w, prctl)
+                code = _keep(argv, env, parent, report_w, exit_w, prctl, marker)
             finally:
                 os._exit(code)
         os.close(report_w)
@@ -347,6 +352,12 @@ class SignalRelay:
     are remembered and passed to the command's group while one runs; they
     never kill cronwarden between its ledger writes, which would leave a
     started run with no terminal record and its lease held until expiry.
+    The supervisor gives the command its kill grace to exit, then SIGKILLs
+    its group, and the run is recorded ``interrupted``.
+
+    As PID 1 (a container's entrypoint) it also reaps the zombies the
+    kernel hands it: processes orphaned in the container outside the
+    command's tree (the keeper reaps those inside it).
     """
 
     def __init__(self) -> None:
@@ -354,20 +365,63 @@ class SignalRelay:
         """The last such signal received, if any: someone asked this run to
         stop, so no queued run may follow it."""
         self.child: Child | None = None
+        self.wake: Callable[[], None] | None = None
+        """Called after a signal, to wake the supervisor's wait."""
         self._previous: dict[int, Any] = {}
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.signalled = signum
         if self.child is not None:
             self.child.signal(signum)
+        if self.wake is not None:
+            self.wake()
+
+    def _on_child(self, _signum: int, _frame: object) -> None:
+        reap_orphans(None if self.child is None else self.child.pid)
 
     def __enter__(self) -> SignalRelay:
         self._previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
+        if os.getpid() == 1:
+            self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._on_child)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+def reap_orphans(keeper: int | None) -> list[int]:
+    """Reap every exited child of this process but ``keeper`` (whose status
+    ``Child.poll`` waits for). For PID 1, whose children include whatever
+    the kernel reparents to it. Returns the pids reaped."""
+    reaped = []
+    for pid in _own_children():
+        if pid == keeper:
+            continue
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done:
+            reaped.append(done)
+    return reaped
+
+
+def _own_children() -> list[int]:
+    """This process's children, from every thread's children file (an
+    orphan is adopted by any live thread of its new parent)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                found += [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+    return found
 
 
 class Exit(NamedTuple):
@@ -377,6 +431,9 @@ class Exit(NamedTuple):
     """Its exit status (128+N if killed by signal N)."""
     stopped_by: LeaseLost | None = None
     """Why the supervisor stopped it (lease lost, revoked, timed out), if it did."""
+    interrupted: Interrupted | None = None
+    """The signal cronwarden itself was told to stop with while the command
+    ran, if one came (the command was given it, then SIGKILL after the grace)."""
 
 
 class Supervisor:
@@ -410,8 +467,10 @@ class Supervisor:
         hb = self.run.heartbeat
         hb.on_lost = lambda _why: self._wake()
         hb.on_renewed = self._wake
+        self.relay.wake = self._wake
         try:
-            self.child = Child(self.argv, self.env)
+            marker = self.run.marker
+            self.child = Child(self.argv, self.env, None if marker is None else marker.fd)
             self.relay.child = self.child
             if self.relay.signalled is not None:  # arrived while the command was starting
                 self.child.signal(self.relay.signalled)
@@ -422,6 +481,7 @@ class Supervisor:
             return self._wait()
         finally:
             self.relay.child = None
+            self.relay.wake = None
             hb.on_lost = hb.on_renewed = None
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -434,8 +494,19 @@ class Supervisor:
         poller = select.poll()
         poller.register(child, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        signalled: int | None = None
+        kill_at: float | None = None  # after a signal to cronwarden: when the command's grace ends
+        killed = False
         while child.poll() is None:
             now = clock.monotonic()
+            if signalled is None and self.relay.signalled is not None:
+                signalled = self.relay.signalled  # the handler has passed it to the command's group
+                kill_at = now + self.kill_grace
+                print(f"cronwarden: {signal.Signals(signalled).name} received; stopping {self.run.job} run "
+                      f"{self.run.run_id} (SIGKILL after {self.kill_grace:g}s)", file=sys.stderr)  # fmt: skip
+            if kill_at is not None and not killed and now >= kill_at:
+                child.signal(signal.SIGKILL)
+                killed = True
             why = self.run.lost_reason()
             # Stop early enough that SIGTERM's grace ends before the belief
             # does; but not for a renewal that is only late (this process was
@@ -454,10 +525,22 @@ class Supervisor:
                 return self._stop(why)
             if hb.stop_at is not None:
                 wake_at = min(wake_at, hb.stop_at)
+            if kill_at is not None and not killed:
+                wake_at = min(wake_at, kill_at)
             timeout = max(0.0, min(wake_at - now, hb.interval))
             if poller.poll(timeout * 1000) and _readable(self._wake_r):
-                os.read(self._wake_r, 64)  # drained: the loop re-reads the heartbeat
-        return Exit(exit_status(child.poll() or 0))
+                os.read(self._wake_r, 64)  # drained: the loop re-reads the heartbeat and the relay
+        code = exit_status(child.poll() or 0)
+        # The handler passes the signal on at once: the command may have died
+        # of it before this loop looked at the relay again.
+        signalled = signalled or self.relay.signalled
+        if signalled is None:
+            return Exit(code)
+        if killed:
+            how = f"the command was killed after its {self.kill_grace:g}s grace"
+        else:
+            how = f"the command stopped with exit status {code}"
+        return Exit(code, interrupted=Interrupted(signalled, how))
 
     def _stop(self, why: LeaseLost) -> Exit:
         """SIGTERM to the group, SIGKILL after the grace, reap."""

@@ -34,7 +34,9 @@ DEFAULT_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 """Seconds a runs-for daemon may take to exit after SIGTERM."""
 CRON_PATH = "/usr/bin:/bin"
-"""cron's own PATH; the directory of the cronwarden under test goes first."""
+"""cron's own PATH (a cron line names cronwarden by its absolute path)."""
+CRONWARDEN_PATH = "/usr/local/bin/cronwarden"
+"""Where a cron example says cronwarden is: replaced by the one under test."""
 _CRON_SPECIALS = {"@reboot", "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 _CRON_ENV = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<value>.*)$")
 
@@ -110,7 +112,7 @@ class DocSession:
         self.cron_env = {  # what cron gives a command, and no more
             "HOME": str(directory),
             "LOGNAME": env.get("LOGNAME", env.get("USER", "")),
-            "PATH": f"{bin_dir}{os.pathsep}{CRON_PATH}",
+            "PATH": CRON_PATH,  # as cron's: a bare `cronwarden` is not found, as under a real cron
             "SHELL": "/bin/sh",
             "PYTHONUSERBASE": env["PYTHONUSERBASE"],
         }
@@ -284,6 +286,7 @@ class DocSession:
         from cronsim import CronSim, CronSimError
 
         cron_env = {**self.cron_env, **env}
+        text = text.replace(CRONWARDEN_PATH, str(cronwarden_command()))
         said: list[str] = []
         for number, line in enumerate(text.splitlines(), start=block.start + 1):
             if not line.strip() or line.lstrip().startswith("#"):

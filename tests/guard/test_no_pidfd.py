@@ -141,7 +141,7 @@ def test_without_pidfd_open_sigterm_to_the_supervisor_reaches_the_command(tmp_pa
     assert len(refusals(log)) == 1
     with open_store(url) as store:
         (record,) = store.runs("term")
-        assert record.outcome is Outcome.FAILED
+        assert record.outcome is Outcome.INTERRUPTED
         info = store.lease("term")
         assert info is not None and info.owner is None
 

@@ -49,7 +49,7 @@ def configure_report(p: argparse.ArgumentParser) -> None:
     when = d.add_mutually_exclusive_group()
     when.add_argument("--every", metavar="DURATION", help="the job's period, e.g. 10m")
     when.add_argument("--schedule", metavar="CRON", help="the job's cron expression")
-    d.add_argument("--tz", metavar="ZONE", help="time zone of --schedule")
+    d.add_argument("--timezone", "--tz", dest="tz", metavar="ZONE", help="IANA time zone of --schedule")
     d.add_argument("--grace", type=duration("--grace"), metavar="DURATION",
                    help="how late a start may be before the slot is missed")  # fmt: skip
     d.add_argument("--max-runtime", type=duration("--max-runtime"), metavar="DURATION",
@@ -121,7 +121,7 @@ def _describe(args: Any, store: Store, clock: Clock, out: TextIO) -> int:
         text = f"CRON_TZ={args.tz} {sched.text}" if args.tz else sched.text
         changes.update(schedule=text, period=None)
     elif args.tz is not None:
-        raise UsageError("--tz applies to --schedule; give --schedule 'CRON' too")
+        raise UsageError("--timezone applies to --schedule; give --schedule 'CRON' too")
     if args.grace is not None:
         changes["grace"] = args.grace
     if args.max_runtime is not None:

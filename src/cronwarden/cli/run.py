@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cronwarden.cli.args import STORE_FLAG, add_flags, duration
 from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, JobSettings
 from cronwarden.durations import format_duration
-from cronwarden.errors import StoreUnavailable, UsageError
+from cronwarden.errors import Interrupted, StoreUnavailable, UsageError
 from cronwarden.events import JobInfo, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
@@ -65,7 +65,7 @@ def _flags(args: Any) -> dict[str, Any]:
     if reason is not None and (not reason.strip() or "\n" in reason.strip()):
         raise UsageError(f"--reason must be one sentence on one line saying why this policy, got {reason!r}")
     return {
-        "ttl": args.ttl, "every": every, "schedule": args.schedule, "timezone": args.tz,
+        "ttl": args.ttl, "every": every, "schedule": args.schedule, "timezone": args.timezone,
         "policy": None if args.policy is None else Policy(args.policy),
         "reason": None if reason is None else reason.strip(), "grace": args.grace,
         "max_runtime": args.max_runtime, "max_pending": args.max_pending,
@@ -127,7 +127,9 @@ EPILOG = """settings: flags > CRONWARDEN_* environment > the job's [jobs.NAME] t
 exit status: the command's own (128+N if killed by signal N; with policy queue, the first
   non-zero status of the runs it made);
   --skip-exit-code (default 0) when skipped or queued (the ledger records it either way);
-  2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
+  128+N when cronwarden itself got signal N (SIGTERM 143, SIGINT 130, SIGHUP 129): the command
+  was given the signal, SIGKILLed if still running after the kill grace, and the run recorded
+  interrupted; 2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
   75 store unreachable or locked (fail closed); 126 not executable; 127 command not found.
 
 environment given to COMMAND: CRONWARDEN_RUN_ID, CRONWARDEN_JOB, CRONWARDEN_FENCING_TOKEN,
@@ -136,9 +138,12 @@ environment given to COMMAND: CRONWARDEN_RUN_ID, CRONWARDEN_JOB, CRONWARDEN_FENC
 processes: COMMAND runs in a process group of its own and dies with cronwarden (kill -9
   included). When it exits, what it left running, in its group or out of it (setsid, a
   daemon), is killed before the run's end is recorded: no work outlives its lease.
+  After kill -9 of cronwarden, the next start on this host finds none of the run's processes
+  left (a marker file they hold locked, in $CRONWARDEN_RUNTIME_DIR, else $XDG_RUNTIME_DIR or
+  /dev/shm), records the run abandoned and runs at once; a start on another host waits out the ttl.
 
-example (crontab):
-  */10 * * * *  cronwarden run --job reconcile --every 10m --ttl 2m -- /opt/bin/reconcile --full"""
+example (crontab; cron's PATH is /usr/bin:/bin, so give cronwarden's absolute path):
+  */10 * * * *  /usr/local/bin/cronwarden run --job reconcile --every 10m --ttl 2m -- /opt/bin/reconcile"""
 
 
 def _exit_code(text: str) -> int:
@@ -167,7 +172,10 @@ FLAGS: dict[str, dict[str, Any]] = {
                 "help": "the job's period, e.g. 10m (slots, monitor)"},
     "--schedule": {"group": "when", "metavar": "CRON",
                    "help": "the job's cron expression, e.g. '*/10 * * * *'"},
-    "--tz": {"metavar": "ZONE", "help": "time zone of --schedule (default: local)"},
+    "--timezone": {"group": "zone", "dest": "timezone", "metavar": "ZONE",
+                   "help": "IANA time zone of --schedule, e.g. Europe/Berlin (default: local); the config "
+                   "key is timezone"},
+    "--tz": {"group": "zone", "dest": "timezone", "metavar": "ZONE", "help": "the same as --timezone"},
     "--policy": {"choices": [x.value for x in Policy],
                  "help": "what a start does while another run holds the lease (default skip)"},
     "--reason": {"metavar": "SENTENCE",
@@ -234,8 +242,8 @@ def main(args: Any) -> int:
     config_path = find(args.config)
     config = load(config_path, job=args.job)
     settings = resolve(args.job, config, _flags(args))
-    if args.tz and settings.schedule is None:
-        raise UsageError("--tz applies to a cron schedule; give --schedule 'CRON' too")
+    if args.timezone and settings.schedule is None:
+        raise UsageError("--timezone applies to a cron schedule; give --schedule 'CRON' too")
     _check_partition(settings, args.shard, config_path)
     schedule = _schedule(settings)
     now = SYSTEM_CLOCK.wall()
@@ -252,9 +260,16 @@ def main(args: Any) -> int:
     # From before the lease is taken until its end is recorded, a SIGTERM,
     # SIGINT or SIGHUP is passed to the command, never allowed to kill
     # cronwarden between ledger writes.
+    url = store_url(args, config.store)
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (args.store or os.environ.get("CRONWARDEN_STORE")
+                                                          or config.store):  # fmt: skip
+        print(f"cronwarden: warning: the default SQLite store {url.removeprefix('sqlite:///')} is in this "
+              "pod's filesystem: it goes with the pod, so other pods see neither its leases nor its "
+              "ledger; set CRONWARDEN_STORE to a shared PostgreSQL or Redis store",
+              file=sys.stderr)  # fmt: skip
     with SignalRelay() as relay:
         try:
-            warden = Warden(store_url(args, config.store), quiet=args.quiet)
+            warden = Warden(url, quiet=args.quiet)
             guard = Guard(warden, args.job, options)
             if info is not None:
                 _sync_job(warden.store, info)
@@ -302,7 +317,7 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
     while run is not None:
         if relay.signalled is not None:
             # Asked to stop before this run's command started: it never runs.
-            guard.end(run, InterruptedError(f"signal {relay.signalled} before the command started"))
+            guard.end(run, Interrupted(relay.signalled, "before the command started"))
             return 128 + int(relay.signalled)
         env = {
             **os.environ,
@@ -324,9 +339,12 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
         # A signal to cronwarden asks the run to stop: pending starts stay
         # pending for the next holder rather than starting now.
         again = options.policy is Policy.QUEUE and relay.signalled is None
-        ending = guard.end(run, exit_code=exited.code, stopped_by=exited.stopped_by, again=again)
+        ending = guard.end(run, exited.interrupted, exit_code=exited.code, stopped_by=exited.stopped_by,
+                           again=again)  # fmt: skip
         if ending.end.outcome in EXIT_BY_OUTCOME:
             return EXIT_BY_OUTCOME[ending.end.outcome]
+        if ending.end.outcome is Outcome.INTERRUPTED and exited.interrupted is not None:
+            return exited.interrupted.exit_code
         run = ending.next
     return code
 
