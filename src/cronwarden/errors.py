@@ -45,21 +45,18 @@ class StoreUrlError(UsageError):
         self.url = url
 
 
-def mask_password(url: str) -> str:
-    """``url`` with its password, if any, shown as ``***``: messages and
-    store URLs end up in logs and on dashboards."""
-    from urllib.parse import urlsplit  # only when there is something to say
+def mask_password(text: str) -> str:
+    """``text`` with every password in it shown as ``***``: the one function
+    for every URL cronwarden prints (messages, ``config check``/``show``,
+    ``status``, the dashboard), since they end up in logs and on screens.
+    Masks the password of each URL in ``text`` (``scheme://user:PW@host``)
+    and a ``password=`` query parameter (libpq's URLs accept one)."""
+    if "@" not in text and "password" not in text.lower():
+        return text  # the common case, without importing re
+    import re
 
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        return parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}").geturl()
-    except ValueError:  # malformed (a bad port, say): mask by shape
-        import re
-
-        return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:)[^@]*@", r"\1***@", url)
+    text = re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^/?#\s]*@", r"\1***@", text)
+    return re.sub(r"(?i)([?&;]password=)[^&#\s]*", r"\1***", text)
 
 
 class MissingDriver(UsageError):

@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
-from cronwarden.config import ENV_SCHEDULER_STORE, JobSettings
+from cronwarden.config import ENV_SCHEDULER_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.errors import CronwardenError, StoreError, StoreUnavailable
 from cronwarden.events import Event, EventKind
 from cronwarden.schedule import Schedule
@@ -471,13 +471,13 @@ class InProcess:
             self._say(fire, "not started: the scheduler is stopping")
             return 0, None
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in WITHHELD_FROM_COMMAND},  # may hold a password
             "CRONWARDEN_RUN_ID": run.run_id,
             "CRONWARDEN_JOB": run.job,
             "CRONWARDEN_FENCING_TOKEN": str(run.token),
             "CRONWARDEN_LEASE_KEY": run.lease.key,
+            "CRONWARDEN_SLOT": str(int(fire.slot)) if fire.slot == int(fire.slot) else repr(fire.slot),
         }
-        env.pop(ENV_SCHEDULER_STORE, None)
         if fire.shard:
             env["CRONWARDEN_SHARD"] = fire.shard
 
@@ -533,10 +533,10 @@ class RunLauncher:
     """Starts a scheduled run as ``cronwarden run --job NAME --slot T -- COMMAND``
     with the scheduler's config file and store, in a session of its own: a
     ``detach = true`` job's run outlives the scheduler (and a terminal's
-    Ctrl-C), guarded by its own lease and heartbeat. The store URL goes in
-    ``ENV_SCHEDULER_STORE``, not on the command line, where every local
-    user could read its password in ``ps``; ``run`` takes it out of the
-    environment its command gets."""
+    Ctrl-C), guarded by its own lease and heartbeat. The store URL goes
+    through an inherited pipe named in ``ENV_SCHEDULER_STORE``, not on the
+    command line, where every local user could read its password in ``ps``,
+    nor in the environment."""
 
     store_url: str
     config_path: str | None
@@ -547,9 +547,16 @@ class RunLauncher:
             argv += ["--config", self.config_path]
         if shard:
             argv += ["--shard", shard]
-        env = {**os.environ, ENV_SCHEDULER_STORE: self.store_url}
-        return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)  # fmt: skip
+        # The URL through a pipe the run inherits (see ENV_SCHEDULER_STORE).
+        read, write = os.pipe()
+        try:
+            os.write(write, self.store_url.encode())  # far below a pipe's buffer
+            os.close(write)
+            env = {**os.environ, ENV_SCHEDULER_STORE: f"fd:{read}"}
+            return subprocess.Popen([*argv, "--", *job.settings.command], stdin=subprocess.DEVNULL,
+                                    env=env, pass_fds=(read,), start_new_session=True)  # fmt: skip
+        finally:
+            os.close(read)
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,12 @@ def _overview() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and any("@" in a or "assword" in a for a in args):
+        # Before anything else, for as long as this process and its keeper
+        # live: a store URL's password off the world-readable command line.
+        from cronwarden.cli.cmdline import hide_passwords
+
+        hide_passwords()
     try:
         if not args or args[0] in ("-h", "--help", "help"):
             print(_overview())

@@ -10,7 +10,7 @@ from typing import Any
 
 from cronwarden.config import DURATION_KEYS, Config, JobSettings, find, load, resolve, validate
 from cronwarden.durations import format_duration
-from cronwarden.errors import UsageError
+from cronwarden.errors import UsageError, mask_password
 from cronwarden.policy import Policy
 
 WHERE = "give --config PATH, set $CRONWARDEN_CONFIG, or create ./cronwarden.toml"
@@ -64,7 +64,7 @@ def check(args: Any) -> int:
     config = load(path)
     names = [j.name for j in config.jobs]
     jobs = f"{len(names)} job{'s' if len(names) != 1 else ''}" + (f" ({', '.join(names)})" if names else "")
-    store = f", store {config.store}" if config.store else ""
+    store = f", store {mask_password(config.store)}" if config.store else ""
     print(f"{path}: ok: {jobs}{store}")
     return 0
 
@@ -76,7 +76,7 @@ def show(args: Any) -> int:
     if args.json:
         out = {
             "config": path,
-            "store": config.store,
+            "store": None if config.store is None else mask_password(config.store),
             "store_source": config.store_source,
             "jobs": [_json(resolve(name, config)) for name in names],
         }
@@ -84,7 +84,7 @@ def show(args: Any) -> int:
         return 0
     print(f"config: {path or f'none ({WHERE})'}")
     if config.store:
-        print(f"store:  {config.store}  ({config.store_source})")
+        print(f"store:  {mask_password(config.store)}  ({config.store_source})")
     if not names:
         print("no jobs in the config file")
     for name in names:

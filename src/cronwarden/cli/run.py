@@ -9,9 +9,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.cli.args import STORE_FLAG, add_flags, duration
-from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, JobSettings
+from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.durations import format_duration
-from cronwarden.errors import Interrupted, StoreUnavailable, UsageError
+from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageError
 from cronwarden.events import JobInfo, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
@@ -130,10 +130,13 @@ exit status: the command's own (128+N if killed by signal N; with policy queue, 
   128+N when cronwarden itself got signal N (SIGTERM 143, SIGINT 130, SIGHUP 129): the command
   was given the signal, SIGKILLed if still running after the kill grace, and the run recorded
   interrupted; 2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
-  75 store unreachable or locked (fail closed); 126 not executable; 127 command not found.
+  75 store unreachable or locked (fail closed), or the run's end could not be recorded (a full
+  disk, say: whatever the command's status, said on stderr); 126 not executable; 127 command not found.
 
-environment given to COMMAND: CRONWARDEN_RUN_ID, CRONWARDEN_JOB, CRONWARDEN_FENCING_TOKEN,
-  CRONWARDEN_LEASE_KEY (and CRONWARDEN_SHARD with --shard).
+environment given to COMMAND: cronwarden's own, with CRONWARDEN_RUN_ID, CRONWARDEN_JOB,
+  CRONWARDEN_FENCING_TOKEN, CRONWARDEN_LEASE_KEY, CRONWARDEN_SLOT (with a slot) and
+  CRONWARDEN_SHARD (with --shard); without CRONWARDEN_STORE (it may hold a password: --pass-store
+  gives it) or CRONWARDEN_DASHBOARD_TOKEN.
 
 processes: COMMAND runs in a process group of its own and dies with cronwarden (kill -9
   included). When it exits, what it left running, in its group or out of it (setsid, a
@@ -202,6 +205,9 @@ FLAGS: dict[str, dict[str, Any]] = {
                "help": "the scheduled time this run is for, in epoch seconds (the scheduler passes "
                "it; default: the schedule's latest fire time, none without --every or --schedule)"},
     "--quiet": {"action": "store_true", "help": "no line on stderr for a skip"},
+    "--pass-store": {"action": "store_true",
+                     "help": "give COMMAND the store URL in $CRONWARDEN_STORE (default: withheld, "
+                     "since it may hold a password)"},
     "--store": STORE_FLAG,
 }  # fmt: skip
 """``run``'s flags, written once: ``configure`` gives them to argparse (for
@@ -236,7 +242,7 @@ def main(args: Any) -> int:
         raise UsageError("run: no command after --; expected e.g. cronwarden run --job NAME -- ./job.sh")
 
     # From the scheduler: its store, for this run only (never the command's).
-    scheduler_store = os.environ.pop(ENV_SCHEDULER_STORE, None)
+    scheduler_store = _scheduler_store(os.environ.pop(ENV_SCHEDULER_STORE, None))
     if args.store is None:
         args.store = scheduler_store
     config_path = find(args.config)
@@ -282,7 +288,7 @@ def main(args: Any) -> int:
             print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
             return _unguarded(command)
         try:
-            return _supervise(args, command, options, guard, started, relay)
+            return _supervise(args, command, options, guard, started, relay, _command_env(args, url))
         finally:
             if config.sinks:
                 # Deliver this run's events within [sinks] flush_timeout; never
@@ -297,8 +303,30 @@ EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_R
                    Outcome.TIMED_OUT: EXIT_TIMED_OUT}  # fmt: skip
 
 
+def _scheduler_store(given: str | None) -> str | None:
+    """The store ``cronwarden scheduler`` passed: ``fd:N``, a pipe to read
+    the URL from (a plain URL from an earlier version is taken as it is)."""
+    if given is None or not given.startswith("fd:"):
+        return given
+    try:
+        fd = int(given[3:])
+        with os.fdopen(fd, "rb") as f:
+            return f.read().decode()
+    except (ValueError, OSError) as e:
+        raise UsageError(f"${ENV_SCHEDULER_STORE}={given!r}: cannot read the scheduler's store ({e}); "
+                         "expected fd:N, a pipe cronwarden scheduler opened") from None  # fmt: skip
+
+
+def _command_env(args: Any, url: str) -> dict[str, str]:
+    """cronwarden's environment without what may hold a password."""
+    env = {k: v for k, v in os.environ.items() if k not in WITHHELD_FROM_COMMAND}
+    if args.pass_store:
+        env[ENV_STORE] = url
+    return env
+
+
 def _supervise(args: Any, command: list[str], options: Options, guard: Guard, started: Run | Refused,
-               relay: SignalRelay) -> int:  # fmt: skip
+               relay: SignalRelay, base_env: dict[str, str]) -> int:  # fmt: skip
     """Run the command for the granted run (and, with policy queue, for each
     pending start after it); the exit status."""
     if isinstance(started, Refused):
@@ -320,7 +348,7 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
             guard.end(run, Interrupted(relay.signalled, "before the command started"))
             return 128 + int(relay.signalled)
         env = {
-            **os.environ,
+            **base_env,
             "CRONWARDEN_RUN_ID": run.run_id,
             "CRONWARDEN_JOB": run.job,
             "CRONWARDEN_FENCING_TOKEN": str(run.token),
@@ -328,6 +356,9 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
         }
         if args.shard:
             env["CRONWARDEN_SHARD"] = args.shard
+        if options.slot is not None:
+            slot = options.slot
+            env["CRONWARDEN_SLOT"] = str(int(slot)) if slot == int(slot) else repr(slot)
         sup = Supervisor(run, command, env, kill_grace=options.kill_grace,
                          replace_grace=options.replace_grace, relay=relay)  # fmt: skip
         try:
@@ -339,8 +370,20 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
         # A signal to cronwarden asks the run to stop: pending starts stay
         # pending for the next holder rather than starting now.
         again = options.policy is Policy.QUEUE and relay.signalled is None
-        ending = guard.end(run, exited.interrupted, exit_code=exited.code, stopped_by=exited.stopped_by,
-                           again=again)  # fmt: skip
+        try:
+            ending = guard.end(run, exited.interrupted, exit_code=exited.code, stopped_by=exited.stopped_by,
+                               again=again)  # fmt: skip
+        except StoreError as e:  # not transient (read-only, damaged): no retry would do
+            print(f"cronwarden: could not record the end of run {run.run_id}: {e}", file=sys.stderr)
+            ending = None
+        if ending is None or ending.finished is None:
+            # Not a success, whatever the command did: the ledger still says
+            # running until the lease expires and the monitor (or the next
+            # start) records the run abandoned.
+            print(f"cronwarden: {run.job} run {run.run_id}: the command exited {exited.code} but the "
+                  f"store did not record it; exit {EXIT_STORE} (recorded abandoned once its lease "
+                  "expires)", file=sys.stderr)  # fmt: skip
+            return EXIT_STORE
         if ending.end.outcome in EXIT_BY_OUTCOME:
             return EXIT_BY_OUTCOME[ending.end.outcome]
         if ending.end.outcome is Outcome.INTERRUPTED and exited.interrupted is not None:

@@ -33,9 +33,16 @@ FILE_NAME = "cronwarden.toml"
 ENV_CONFIG = "CRONWARDEN_CONFIG"
 ENV_STORE = "CRONWARDEN_STORE"
 ENV_SCHEDULER_STORE = "CRONWARDEN_SCHEDULER_STORE"
-"""How ``cronwarden scheduler`` gives the runs it starts its store: not on
-their command line (``ps`` shows arguments to every local user), and taken
-out of the environment before the run's command gets it."""
+"""How ``cronwarden scheduler`` gives the runs it starts its store:
+``fd:N``, a pipe the run inherits and reads the URL from. Not on their
+command line (``ps`` shows arguments to every local user), and not in their
+environment either (``/proc/PID/environ`` keeps a process's first
+environment for its whole life, and the keeper's too); the variable itself
+is taken out of the environment before the run's command gets it."""
+ENV_DASHBOARD_TOKEN = "CRONWARDEN_DASHBOARD_TOKEN"
+WITHHELD_FROM_COMMAND = (ENV_STORE, ENV_SCHEDULER_STORE, ENV_DASHBOARD_TOKEN)
+"""Variables a run's command does not get, since they may hold a password
+(``cronwarden run --pass-store`` gives it ``$CRONWARDEN_STORE``)."""
 
 # Built-in defaults: the config's and the guard's ``Options``' (which take them from here).
 DEFAULT_TTL = 60.0

@@ -155,7 +155,8 @@ class SqliteStore(SqlStore):
             what = "a directory" if os.path.isdir(self.path) else "not a regular file"
             raise StoreError(f"SQLite store {self.path} is {what}; expected a database file path")
         try:
-            os.makedirs(parent, exist_ok=True)
+            if not exists:
+                _create_private(parent, self.path)
             self._db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
             )
@@ -682,6 +683,18 @@ def _left(expires: float | None, lease_boot: str | None, now: float, boot: str) 
 
 def _lease(start: Start, token: int) -> Lease:
     return Lease(key=start.key, job=start.job, run_id=start.run_id, token=token, ttl=start.ttl)
+
+
+def _create_private(parent: str, path: str) -> None:
+    """The ledger's directories (0700) and file (0600), when cronwarden makes
+    them: runs' commands, hosts and events are nobody else's business, and
+    SQLite gives the ``-wal`` and ``-shm`` files the database file's mode."""
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return  # another process made it first
+    os.close(fd)
 
 
 def _store_error(path: str, e: sqlite3.Error) -> StoreError:
