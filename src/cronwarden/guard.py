@@ -491,7 +491,8 @@ class Guard:
     def _begin(self, granted: Granted, sent: float) -> Run:
         lease = granted.lease
         hb = Heartbeat(
-            lambda: self.warden.store.renew(lease),
+            store=self.warden.store,
+            lease=lease,
             ttl=self.options.ttl,
             interval=self.options.renew_every,
             clock=self.clock,

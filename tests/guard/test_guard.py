@@ -243,13 +243,13 @@ def test_stop_waits_for_the_renewal_in_flight(store_url: str) -> None:
     renewed: list[float] = []
 
     with Warden(store_url, clock=SYSTEM_CLOCK) as w, w.guard("nightly", ttl=3, renew_every=0.1) as run:
-        renew = run.heartbeat._renew
+        lease = run.lease
 
         def slow_renew() -> None:
             entered.set()
             release.wait(5)
             try:
-                renew()
+                w.store.renew(lease)
             finally:
                 renewed.append(time.monotonic())
 

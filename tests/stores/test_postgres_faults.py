@@ -126,7 +126,8 @@ class Holder:
     def take(cls, store: Store, job: str = "nightly", ttl: float = TTL) -> Holder:
         sent = SYSTEM_CLOCK.monotonic()  # before the request, as G3 requires
         lease = granted(store.acquire(start(job, ttl=ttl)))
-        heartbeat = Heartbeat(lambda: store.renew(lease), ttl=ttl, clock=SYSTEM_CLOCK, started_at=sent)
+        # Batched, as a guard's heartbeat renews (Store.renew_many).
+        heartbeat = Heartbeat(store=store, lease=lease, ttl=ttl, clock=SYSTEM_CLOCK, started_at=sent)
         heartbeat.start(lease.key)
         return cls(store=store, lease=lease, heartbeat=heartbeat)
 

@@ -73,7 +73,8 @@ def granted(result: Granted | Refused) -> Granted:
 
 
 def heartbeat(store: Store, lease: Lease, started_at: float) -> Heartbeat:
-    beat = Heartbeat(lambda: store.renew(lease), ttl=lease.ttl, clock=SYSTEM_CLOCK, started_at=started_at)
+    # Batched, as a guard's heartbeat renews (Store.renew_many).
+    beat = Heartbeat(store=store, lease=lease, ttl=lease.ttl, clock=SYSTEM_CLOCK, started_at=started_at)
     beat.start(lease.key)
     return beat
 

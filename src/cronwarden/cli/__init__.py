@@ -47,6 +47,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fence check: is this run's fencing token still the newest? (best effort)",
     ),
     "ack": ("cronwarden.cli.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),
+    "snooze": (
+        "cronwarden.cli.snooze",
+        "keep a job's findings from alerting sinks for a while, with a reason",
+    ),
+    "unsnooze": ("cronwarden.cli.snooze", "end a job's snooze now"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""

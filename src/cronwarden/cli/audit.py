@@ -131,12 +131,14 @@ def summary_line(result: Pass) -> str:
     from cronwarden.monitor import Severity
 
     jobs = len(result.stats)
-    counts = {s: sum(1 for c in result.active if c.severity is s) for s in (Severity.CRITICAL,
-                                                                            Severity.WARNING)}  # fmt: skip
-    if not result.active:
-        return f"CRONWARDEN OK - {jobs} job{'s' * (jobs != 1)}, no problems"
+    paging = [c for c in result.active if not c.snoozed]
+    snoozed = len(result.active) - len(paging)
+    also = f" ({snoozed} snoozed)" if snoozed else ""
+    counts = {s: sum(1 for c in paging if c.severity is s) for s in (Severity.CRITICAL, Severity.WARNING)}
+    if not paging:
+        return f"CRONWARDEN OK - {jobs} job{'s' * (jobs != 1)}, no problems{also}"
     parts = [f"{n} {s.name.lower()}" for s, n in counts.items() if n]
-    return f"CRONWARDEN {result.severity.name} - {', '.join(parts)} in {jobs} job{'s' * (jobs != 1)}"
+    return f"CRONWARDEN {result.severity.name} - {', '.join(parts)} in {jobs} job{'s' * (jobs != 1)}{also}"
 
 
 def configure_metrics(p: argparse.ArgumentParser) -> None:

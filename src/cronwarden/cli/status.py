@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from cronwarden.cli.text import table
+from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import format_duration
 from cronwarden.monitor.views import dur, history_items, history_note, open_run_item, open_runs, state, when
 
@@ -33,11 +34,24 @@ def configure_status(p: argparse.ArgumentParser) -> None:
 
 
 def configure_history(p: argparse.ArgumentParser) -> None:
-    from cronwarden.cli.args import add_store_flag
+    from cronwarden.cli.args import add_store_flag, duration
 
+    p.description = (
+        "A job's recent runs, newest first, with every start refused or queued between them. With "
+        "--slots: every expected slot of its schedule and the one decision it got (ran, late, queued, "
+        "skipped, paused, misfired, missed, or due while its grace lasts)."
+    )
     p.add_argument("job", help="job name")
-    p.add_argument("--limit", type=int, default=20, help="how many runs (default 20)")
+    p.add_argument("--limit", type=int, default=20, help="how many runs, or slots with --slots (default 20)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--slots", action="store_true", help="the slot ledger: one line per expected slot")
+    p.add_argument(
+        "--since",
+        type=duration("--since"),
+        metavar="DURATION",
+        help="with --slots: every slot of the last DURATION (e.g. 7d) instead of --limit",
+    )
+    p.add_argument("--config", metavar="PATH", help="with --slots: cronwarden.toml, for the job's schedule")
     add_store_flag(p)
 
 
@@ -93,14 +107,17 @@ def _set_aside(store: Any) -> list[str]:
     return lines
 
 
-def main_history(args: Any) -> int:
+def main_history(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     from cronwarden.config.settings import check_name
+    from cronwarden.errors import UsageError
 
     check_name(args.job, "job name")
     if args.limit < 1:
-        from cronwarden.errors import UsageError
-
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    if args.slots:
+        return _slots(args, clock)
+    if args.since is not None:
+        raise UsageError("--since is the span of --slots: give --slots too")
     store = _open(args)
     try:
         items = history_items(store, args.job, args.limit)
@@ -122,4 +139,35 @@ def main_history(args: Any) -> int:
             rows.append([when(at), i["type"], i["run_id"] or "-", "-", "-", str(i.get("host", "-")),
                          history_note(i)])  # fmt: skip
     print(table(["WHEN", "OUTCOME", "RUN ID", "DURATION", "TOKEN", "HOST", "NOTE"], rows))
+    return 0
+
+
+def _slots(args: Any, clock: Clock) -> int:
+    from cronwarden.cli.window import config_jobs, open_store_of
+    from cronwarden.monitor.views import slot_items
+
+    now = clock.wall()
+    store = open_store_of(args, clock)
+    try:
+        info = next((j for j in config_jobs(args) if j.name == args.job), None) or store.job(args.job)
+        since = None if args.since is None else now - args.since
+        items = slot_items(store, args.job, info, now, limit=args.limit, since=since)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    rows = []
+    for i in items:
+        note = []
+        if i["late_by"] is not None:
+            note.append(f"{format_duration(i['late_by'])} late")
+        if i["decision"] in ("skipped", "queued") and i["run_id"]:
+            note.append(f"held by {i['run_id']}")
+        if i["extra"]:
+            note.append(f"also {', '.join(i['extra'])}")
+        run_id = i["run_id"] if i["decision"] in ("ran", "late") else "-"
+        rows.append([when(i["slot"]), i["decision"], run_id or "-", i["outcome"] or "-", when(i["at"]),
+                     "; ".join(note)])  # fmt: skip
+    print(table(["SLOT", "DECISION", "RUN ID", "OUTCOME", "AT", "NOTE"], rows))
     return 0

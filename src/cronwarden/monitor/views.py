@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.durations import format_duration
-from cronwarden.events import EventKind, RunRecord
+from cronwarden.events import EventKind, JobInfo, RunRecord
 from cronwarden.stores.base import EventQuery
 
 if TYPE_CHECKING:
@@ -51,20 +51,34 @@ def audit_item(stats: JobStats, thresholds: Thresholds) -> dict[str, Any]:
 def condition_item(c: Condition) -> dict[str, Any]:
     """A finding that holds, as ``check --json`` (and the dashboard's ``/api/jobs``) shows it."""
     return {"severity": c.severity.name.lower(), "job": c.job, "rule": c.rule.value, "run_id": c.run_id,
-            "summary": c.summary, "data": dict(c.data)}  # fmt: skip
+            "summary": c.summary, "data": dict(c.data), "snoozed": c.snoozed}  # fmt: skip
 
 
 REFUSALS = (EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL, EventKind.OVERLAP)
 """The starts that met an open run, shown between a job's runs."""
 
 
+REFUSAL_SLACK = 60.0
+"""Seconds before the oldest shown run's start in which refusals are read:
+a refusal is stamped by its writer's clock, its holder's start by another
+host's, so a skip can be stamped just before the start of the run that
+refused it."""
+
+
 def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
     """A job's last ``limit`` runs and the refused or overlapping starts
     since the oldest of them, newest first, as ``history --json`` and the
-    dashboard show them."""
+    dashboard show them. A refusal by one of the shown runs is shown even
+    when stamped before that run's start (clocks differ)."""
     runs = store.runs(job, limit)
     since = runs[-1].started_at if runs else None
-    refusals = store.events(EventQuery(job=job, kinds=REFUSALS, since=since, limit=10_000))
+    shown = {r.run_id for r in runs}
+    read_since = None if since is None else since - REFUSAL_SLACK
+    refusals = [
+        e
+        for e in store.events(EventQuery(job=job, kinds=REFUSALS, since=read_since, limit=10_000))
+        if since is None or e.at >= since or e.data.get("holder_run_id") in shown or e.run_id in shown
+    ]
     items: list[tuple[float, dict[str, Any]]] = []
     for r in runs:
         items.append((r.started_at, {
@@ -76,6 +90,38 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
         items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
     items.sort(key=lambda item: item[0], reverse=True)
     return [i for _, i in items]
+
+
+def slot_items(
+    store: Store, job: str, info: JobInfo | None, now: float, *, limit: int = 20, since: float | None = None
+) -> list[dict[str, Any]]:
+    """The job's slot ledger (``monitor.slots``), newest slot first: the
+    slots after ``since`` (epoch seconds), else its last ``limit`` slots, as
+    ``history --slots`` shows them. Raises UsageError when the job has no
+    schedule known."""
+    from cronwarden.errors import UsageError
+    from cronwarden.monitor.slots import MOST_SLOTS, SLOT_EVENT_KINDS, decide, expected_slots
+    from cronwarden.monitor.stats import Thresholds, parse_schedule
+
+    schedule = info.schedule if info is not None else None
+    if not schedule:
+        raise UsageError(
+            f"history --slots: no schedule known for {job}; run it with --every/--schedule, describe it "
+            "(cronwarden report describe), or give --config with its [jobs.NAME] table"
+        )
+    period = float(parse_schedule(schedule).period(now))
+    grace = Thresholds().grace(info, period) or 0.0
+    start = since if since is not None else now - (limit + 1) * period
+    slots = expected_slots(schedule, start, now, MOST_SLOTS if since is not None else limit)
+    if not slots:
+        return []
+    early = min(60.0, period / 10)
+    runs = [r for r in store.runs(job, 4 * len(slots) + 50) if r.started_at >= slots[0] - early]
+    events = store.events(
+        EventQuery(job=job, kinds=SLOT_EVENT_KINDS, since=slots[0] - early, limit=8 * len(slots) + 100)
+    )
+    decided = decide(slots, schedule, period, grace, now, runs, events)
+    return [d.as_dict() for d in reversed(decided)]
 
 
 def history_note(item: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ import enum
 from collections.abc import Sequence
 from typing import NamedTuple, Self
 
+from cronwarden.errors import LeaseLost
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
@@ -244,6 +245,24 @@ class Store(abc.ABC):
         :raises LeaseLost: the lease expired, or another run holds it
         :raises StoreUnavailable: the store cannot be reached or is busy
             right now; retry until the lease's deadline
+        :raises StoreError: the store is not usable
+        """
+
+    @abc.abstractmethod
+    def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
+        """Renew every lease in ``leases`` as ``renew`` would, each judged on
+        its own (owner, expiry, revocation, by the store's clock), all in one
+        atomic step and one round trip: one heartbeat of a process renews
+        every lease it holds that is due. The cost per lease is constant
+        (each is found by its key), not a scan of the leases held. A lease
+        the store refuses is lost; the others are renewed all the same.
+
+        :return: one entry per lease, in order: None if it was renewed,
+            otherwise what ``renew`` would have raised for it
+            (``LeaseRevoked``, or ``LeaseLost``)
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now; none of the leases may be counted as renewed (retry
+            until each lease's deadline)
         :raises StoreError: the store is not usable
         """
 

@@ -470,6 +470,29 @@ class PostgresStore(SqlStore):
             raise LeaseRevoked(lease.key, revoked_by)
         raise LeaseLost(lease.key, "expired or taken by another run")
 
+    def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
+        if not leases:
+            return []
+        bound = min(self._call_timeout, max(0.5, min(lease.ttl for lease in leases) / 10))
+        args = {
+            "keys": [x.key for x in leases],
+            "owners": [x.run_id for x in leases],
+            "ttls": [float(x.ttl) for x in leases],
+        }
+        # Never prepared: a generic plan cannot see the arrays' length and
+        # joins them the slow way (measured 25x slower for 1,000 leases).
+        sql = self._q["renew_many"]
+        rows = self._call(lambda c: c.execute(sql, args, prepare=False).fetchall(), bound)
+        out: list[LeaseLost | None] = []
+        for lease, (why,) in zip(leases, rows, strict=True):
+            if why is None:
+                out.append(None)
+            elif why:
+                out.append(LeaseRevoked(lease.key, why))
+            else:
+                out.append(LeaseLost(lease.key, "expired or taken by another run"))
+        return out
+
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
         args: tuple[Any, ...] = (
             lease.key,

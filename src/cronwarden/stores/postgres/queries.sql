@@ -25,6 +25,29 @@ SELECT * FROM {s}.finish(%s::text, %s::text, %s::text, %s::bigint, %s::text, %s:
 UPDATE {s}.leases SET expires = clock_timestamp() + make_interval(secs => %s::float8)
 WHERE key = %s AND owner = %s AND expires > clock_timestamp() AND revoked_by IS NULL;
 
+-- name: renew_many --
+-- One heartbeat's renewals: the arrays are the leases' keys, owners and ttls,
+-- in order. Each lease is renewed as by renew, found by its key in the
+-- primary key (key = ANY: one index probe per lease, however many rows the
+-- table holds). One row back per lease, in order: NULL if renewed, else why
+-- not: '' lost, or the run that revoked it. The refused rows (rare) read the
+-- lease as the statement began; a renewed one's is never read.
+WITH asked AS (
+    SELECT a.key, a.owner, a.ttl, a.i
+    FROM unnest(%(keys)s::text[], %(owners)s::text[], %(ttls)s::float8[]) WITH ORDINALITY AS a(key, owner, ttl, i)
+), renewed AS (
+    UPDATE {s}.leases l SET expires = clock_timestamp() + make_interval(secs => a.ttl)
+    FROM asked a
+    WHERE l.key = ANY(%(keys)s::text[]) AND l.key = a.key AND l.owner = a.owner
+      AND l.expires > clock_timestamp() AND l.revoked_by IS NULL
+    RETURNING l.key, l.owner
+)
+SELECT CASE WHEN r.key IS NULL THEN coalesce(
+    (SELECT v.revoked_by FROM {s}.leases v WHERE v.key = a.key AND v.owner = a.owner), '') END
+FROM asked a
+LEFT JOIN renewed r ON r.key = a.key AND r.owner = a.owner
+ORDER BY a.i;
+
 -- name: lease_owner --
 -- Why a renewal matched nothing: revoked (LeaseRevoked) or lost (LeaseLost).
 SELECT owner, revoked_by FROM {s}.leases WHERE key = %s;

@@ -295,6 +295,27 @@ class RedisStore(Store):
             raise LeaseRevoked(lease.key, reply[1])
         raise LeaseLost(lease.key, "expired or taken by another run")
 
+    def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
+        if not leases:
+            return []
+        p = self.prefix
+        keys: list[str] = []
+        for lease in leases:
+            keys += (f"{p}lease:{lease.key}", f"{p}live:{lease.key}")
+        args = _packed([x.run_id for x in leases] + [ttl_ms(x.ttl) for x in leases])
+        client = self._renewer(min(x.ttl for x in leases))
+        reply = self._call(self._scripts.renew_many, keys, [args], client)
+        states, revokers = reply[0], iter(reply[1:])
+        out: list[LeaseLost | None] = []
+        for lease, state in zip(leases, states, strict=True):
+            if state == "1":
+                out.append(None)
+            elif state == "r":
+                out.append(LeaseRevoked(lease.key, next(revokers)))
+            else:
+                out.append(LeaseLost(lease.key, "expired or taken by another run"))
+        return out
+
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
         keys = self._ledger_keys(lease.key, lease.job)
         if then is not None:

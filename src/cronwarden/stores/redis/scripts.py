@@ -80,6 +80,7 @@ class Scripts:
         self.acquire = register("acquire")
         self.finish = register("finish")
         self.renew = register("renew")
+        self.renew_many = register("renew_many")
         self.record = register("record")
         self.undelivered = register("undelivered")
         self.mark_delivered = register("mark_delivered")

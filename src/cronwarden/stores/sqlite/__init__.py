@@ -415,9 +415,41 @@ class SqliteStore(SqlStore):
                     self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             except sqlite3.Error as e:
                 raise _store_error(self.path, e) from None
-        if row is not None and row[0] == lease.run_id and row[1] is not None:
-            raise LeaseRevoked(lease.key, row[1])
-        raise LeaseLost(lease.key, "expired or taken by another run")
+        raise _refused(lease, row)
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
+        if not leases:
+            return []
+        now, boot = self._now()
+        # As renew: wait for the write lock at most a tenth of the shortest ttl.
+        busy_ms = max(20, int(min(lease.ttl for lease in leases) * 100))
+        q = self._q
+        out: list[LeaseLost | None] = []
+        with self._lock:
+            db = self._db
+            try:
+                db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                try:
+                    # One transaction: one write lock, one commit for the batch.
+                    db.execute("BEGIN IMMEDIATE")
+                    try:
+                        for lease in leases:
+                            args = (now + lease.ttl, lease.key, lease.run_id, boot, now)
+                            if db.execute(q["renew"], args).rowcount == 1:
+                                out.append(None)
+                                continue
+                            row = db.execute(q["lease_owner"], (lease.key,)).fetchone()
+                            out.append(_refused(lease, row))
+                        db.execute("COMMIT")
+                    except BaseException:
+                        if db.in_transaction:
+                            db.execute("ROLLBACK")
+                        raise
+                finally:
+                    db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
+        return out
 
     def finish(self, lease: Lease, end: End, then: Start | None = None) -> Finished:
         q = self._q
@@ -671,6 +703,13 @@ class _Transaction:
                 raise exc
         finally:
             store._lock.release()
+
+
+def _refused(lease: Lease, row: Sequence[Any] | None) -> LeaseLost:
+    """Why a renewal matched no row, from the lease's ``(owner, revoked_by)``."""
+    if row is not None and row[0] == lease.run_id and row[1] is not None:
+        return LeaseRevoked(lease.key, row[1])
+    return LeaseLost(lease.key, "expired or taken by another run")
 
 
 def _left(expires: float | None, lease_boot: str | None, now: float, boot: str) -> float | None:

@@ -1,0 +1,134 @@
+"""The slot ledger: for a job with a schedule, every expected fire time (a
+slot) in a span gets exactly one decision, derived from the ledger.
+
+Each attempt on record is counted for one slot: a run for the slot it was
+started for (``RunRecord.slot``), a scheduler's decision (``paused``,
+``misfired``, ``missed``) for the slot in its data, any other (a skip, a
+queued start, a run with no slot) for the fire at or before it, where a start
+up to min(60 s, period/10) early counts for the next fire (clock skew), as for
+the monitor's ``missed``. A slot's decision is its best attempt, in this
+order; the other attempts of the slot are its ``extra`` (``too_often``):
+
+- ``ran``: a run started by slot + grace (its run id, outcome);
+- ``late``: a run started after slot + grace (how late);
+- ``queued``: a start queued behind a holder (it runs when the holder ends);
+- ``skipped``: a start refused by a holder (the holder's run id), or
+  ``queue_full``;
+- ``paused``: the scheduler did not start it, the job was paused;
+- ``misfired``: the scheduler did not start it late (how late it was);
+- ``missed``: nothing by slot + grace;
+- ``due``: nothing yet, and slot + grace has not passed.
+
+So no slot is without a decision, by construction: every slot of the span
+is listed, and one with no attempt is ``missed`` or ``due``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cronwarden.events import Event, EventKind, RunRecord
+from cronwarden.monitor.stats import parse_schedule
+
+SLOT_EVENT_KINDS: tuple[EventKind, ...] = (
+    EventKind.SKIPPED,
+    EventKind.QUEUED,
+    EventKind.QUEUE_FULL,
+    EventKind.PAUSED,
+    EventKind.MISFIRED,
+    EventKind.MISSED,
+)
+"""The events a slot's decision is read from, besides the runs."""
+
+RANK = ("ran", "late", "queued", "skipped", "paused", "misfired", "missed", "due")
+"""Decisions, best first: a slot's decision is its best attempt."""
+
+MOST_SLOTS = 10_000
+"""The longest span listed at once (a week of one-minute slots)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotDecision:
+    slot: float
+    decision: str
+    """One of ``RANK``."""
+    run_id: str | None = None
+    """The run (ran, late), or the holder that refused or queued the start."""
+    at: float | None = None
+    """When the deciding attempt happened (a start, a refusal, a scheduler's decision)."""
+    outcome: str | None = None
+    """How the run ended (``running`` while open)."""
+    late_by: float | None = None
+    extra: tuple[str, ...] = field(default_factory=tuple)
+    """Other attempts counted for the slot, as ``decision:run id``."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"slot": self.slot, "decision": self.decision, "run_id": self.run_id, "at": self.at,
+                "outcome": self.outcome, "late_by": self.late_by, "extra": list(self.extra)}  # fmt: skip
+
+
+def expected_slots(schedule: str, since: float, until: float, most: int = MOST_SLOTS) -> list[float]:
+    """The fire times in (since, until], oldest first, at most the newest ``most``."""
+    sched = parse_schedule(schedule)
+    out: list[float] = []
+    t = sched.next_fire(since)
+    while t <= until:
+        out.append(t)
+        t = sched.next_fire(t)
+    return out[-most:]
+
+
+def decide(
+    slots: Sequence[float],
+    schedule: str,
+    period: float,
+    grace: float,
+    now: float,
+    runs: Iterable[RunRecord],
+    events: Iterable[Event],
+) -> list[SlotDecision]:
+    """One decision per slot of ``slots`` (oldest first), from the runs and
+    the ``SLOT_EVENT_KINDS`` events around them. Attempts that belong to no
+    listed slot are left out."""
+    sched = parse_schedule(schedule)
+    early = min(60.0, period / 10)
+    listed = set(slots)
+    attempts: dict[float, list[tuple[int, SlotDecision]]] = {}
+
+    def slot_of(at: float, recorded: Any) -> float:
+        return float(recorded) if isinstance(recorded, int | float) else float(sched.slot(at + early))
+
+    for r in runs:
+        s = slot_of(r.started_at, r.slot)
+        if s not in listed:
+            continue
+        late = r.started_at - s
+        kind = "ran" if late <= grace else "late"
+        outcome = r.outcome.value if r.outcome is not None else "running"
+        d = SlotDecision(slot=s, decision=kind, run_id=r.run_id, at=r.started_at, outcome=outcome,
+                         late_by=round(late, 3) if kind == "late" else None)  # fmt: skip
+        attempts.setdefault(s, []).append((RANK.index(kind), d))
+    for e in events:
+        if e.kind is EventKind.MISSED and "state" in e.data:
+            continue  # the monitor's finding, not a scheduler's decision
+        s = slot_of(e.at, e.data.get("slot"))
+        if s not in listed:
+            continue
+        kind = {EventKind.QUEUE_FULL: "skipped"}.get(e.kind, e.kind.value)
+        said = e.data.get("late_by")
+        d = SlotDecision(slot=s, decision=kind, run_id=e.data.get("holder_run_id"), at=e.at,
+                         late_by=float(said) if isinstance(said, int | float) else None)  # fmt: skip
+        attempts.setdefault(s, []).append((RANK.index(kind), d))
+
+    out: list[SlotDecision] = []
+    for s in slots:
+        found = sorted(attempts.get(s, []), key=lambda a: (a[0], a[1].at or 0.0))
+        if not found:
+            out.append(SlotDecision(slot=s, decision="missed" if now >= s + grace else "due"))
+            continue
+        best = found[0][1]
+        extra = tuple(f"{d.decision}:{d.run_id or '-'}" for _, d in found[1:])
+        out.append(SlotDecision(slot=best.slot, decision=best.decision, run_id=best.run_id, at=best.at,
+                                outcome=best.outcome, late_by=best.late_by, extra=extra))  # fmt: skip
+    return out
