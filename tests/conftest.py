@@ -172,9 +172,15 @@ def _with_param(url: str, name: str, value: str) -> str:
 
 
 @pytest.fixture
-def store_url(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def store_url(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[str]:
     unique = uuid.uuid4().hex[:16]
-    if backend == "sqlite":
+    if backend == "pgbouncer":  # the contract suite's PostgreSQL through PgBouncer (tests/contract)
+        schema = f"cw_test_{unique}"
+        yield request.getfixturevalue("bouncer").url(schema=schema)
+        _drop_postgres_schema(schema)
+    elif backend == "sqlite":
         # Not tmp_path: a test may use tmp_path for its own files.
         yield f"sqlite:///{tmp_path_factory.mktemp('store') / 'cronwarden.db'}"
     elif backend == "postgres":

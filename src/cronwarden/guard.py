@@ -61,8 +61,14 @@ T = TypeVar("T")
 
 
 def this_host() -> str:
-    """The host name runs are recorded under (``CRONWARDEN_HOST`` overrides)."""
-    return os.environ.get("CRONWARDEN_HOST") or os.uname().nodename
+    """The host name runs are recorded under (``CRONWARDEN_HOST`` overrides).
+    It is printed by ``status`` and the dashboard: a newline or an escape
+    sequence in it would break their tables or clear a terminal."""
+    given = os.environ.get("CRONWARDEN_HOST")
+    if given and (not given.isprintable() or len(given) > 255):
+        raise UsageError(f"CRONWARDEN_HOST must be a host name of at most 255 printable characters, "
+                         f"got {given[:80]!r}")  # fmt: skip
+    return given or os.uname().nodename
 
 
 class Options:

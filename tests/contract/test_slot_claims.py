@@ -71,7 +71,7 @@ def stored_claims(backend: str, store: Store, job: str) -> int:
         assert isinstance(store, SqliteStore)
         with sqlite3.connect(store.path) as db:
             return int(db.execute("SELECT count(*) FROM slot_claims WHERE job = ?", (job,)).fetchone()[0])
-    if backend == "postgres":
+    if backend in ("postgres", "pgbouncer"):
         import psycopg
 
         from cronwarden.stores.postgres import PostgresStore

@@ -46,7 +46,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cronwarden.cli.fence",
         "fence check: is this run's fencing token still the newest? (best effort)",
     ),
+    "prune": ("cronwarden.cli.prune", "delete the runs and events the ledger's retention no longer keeps"),
     "ack": ("cronwarden.cli.monitor", "resolve a raised finding by hand, e.g. an abandoned stuck run"),
+    "rollup": ("cronwarden.cli.rollup", "each job's statistics the store keeps as runs end; --rebuild"),
     "snooze": (
         "cronwarden.cli.snooze",
         "keep a job's findings from alerting sinks for a while, with a reason",

@@ -112,3 +112,19 @@ def parse_plain(flags: Mapping[str, Mapping[str, Any]], argv: Sequence[str]) -> 
             result = given[name]
         setattr(ns, spec.get("dest", name[2:].replace("-", "_")), result)
     return ns
+
+
+def retention(store: Any, config: Any, *, max_age: float | None = None, keep_runs: int | None = None) -> Any:
+    """What to keep, written once: flags > the store URL's ``retention`` and
+    ``keep_runs`` > the config file's (``Config.retention``, ``keep_runs``)."""
+    from cronwarden.stores.base import Retention
+
+    url = store.retention
+    return Retention(
+        max_age if max_age is not None else url.max_age if url.max_age is not None else config.retention,
+        keep_runs
+        if keep_runs is not None
+        else url.keep_runs
+        if url.keep_runs is not None
+        else config.keep_runs,
+    )

@@ -29,7 +29,11 @@ examples:
   cronwarden dashboard --store postgresql://cw@db/cron --listen 0.0.0.0:8370 --config cronwarden.toml
 
 It only reads the ledger: no finding is recorded and no run is marked abandoned (cronwarden monitor
-does that). It has no login: listen on loopback (the default) or behind a proxy that asks for one."""
+does that). On loopback (the default) it asks for no login; anywhere else it needs --token or
+$CRONWARDEN_DASHBOARD_TOKEN, sent as "Authorization: Bearer TOKEN" or through the login form at
+/login (a cookie). Every answer carries a Content-Security-Policy, X-Frame-Options: DENY and
+X-Content-Type-Options: nosniff; a request with two Content-Lengths, or a length and a
+Transfer-Encoding, is refused (400) and its connection closed."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -45,7 +49,21 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh", type=refresh, metavar="DURATION",
                    help="how often the pages reload themselves (default 30s; 0: never)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+    add_token_flag(p)
     add_window_flags(p)
+
+
+def add_token_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token", metavar="TOKEN",
+                   help="require this token (16+ characters) of every request: a bearer header or the "
+                   "login form's cookie (default: $CRONWARDEN_DASHBOARD_TOKEN; needed to listen beyond "
+                   "loopback)")  # fmt: skip
+
+
+def token_of(args: Any) -> str | None:
+    """``--token`` > ``$CRONWARDEN_DASHBOARD_TOKEN`` (the environment keeps it
+    off the world-readable command line)."""
+    return getattr(args, "token", None) or os.environ.get("CRONWARDEN_DASHBOARD_TOKEN") or None
 
 
 def refresh(text: str) -> float:
@@ -116,7 +134,7 @@ def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        serve(dashboard, host, port, ready=ready, log=request_log(args))
+        serve(dashboard, host, port, ready=ready, log=request_log(args), token=token_of(args))
     except KeyboardInterrupt:
         pass
     finally:

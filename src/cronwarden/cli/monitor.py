@@ -42,6 +42,9 @@ def configure_monitor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", type=address, metavar="HOST:PORT",
                    help="also serve the dashboard, its JSON API and /metrics here (see cronwarden "
                    "dashboard --help), from this process")  # fmt: skip
+    from cronwarden.cli.dashboard import add_token_flag
+
+    add_token_flag(p)
     p.add_argument("--refresh", type=refresh, metavar="DURATION",
                    help="with --listen: how often the pages reload (default 30s; 0: never)")  # fmt: skip
     add_window_flags(p)
@@ -99,6 +102,7 @@ def watch(
     once: bool = False,
     passes: int | None = None,
     flush: Callable[[], int] | None = None,
+    prune: Callable[[], object] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -119,6 +123,8 @@ def watch(
                       file=out, flush=True)  # fmt: skip
             if flush is not None:
                 flush()
+            if prune is not None:
+                prune()
         except StoreUnavailable as e:
             print(f"cronwarden: {e}; retrying in {dur(interval)}", file=err, flush=True)
             if once:
@@ -127,6 +133,29 @@ def watch(
         if once or (passes is not None and n >= passes):
             return 0
         clock.sleep(max(0.0, interval - (clock.monotonic() - began)))
+
+
+PRUNE_TIME = 0.5
+"""Seconds of retention steps a monitoring pass may spend (each step is
+bounded: ``Store.prune``); a backlog is worked off over the next passes."""
+
+
+def pruner(store: Any, args: Any, clock: Clock) -> Callable[[], object] | None:
+    """Retention steps for each pass, if the store URL or the config says
+    what to keep."""
+    from cronwarden.cli.args import retention
+    from cronwarden.config import find, read
+
+    keep = retention(store, read(find(getattr(args, "config", None))))
+    if not keep.active:
+        return None
+
+    def prune() -> None:
+        give_up = clock.monotonic() + PRUNE_TIME
+        while not store.prune(keep, clock.wall()).done and clock.monotonic() < give_up:
+            pass
+
+    return prune
 
 
 def _stamp(t: float) -> str:
@@ -157,7 +186,8 @@ def main_monitor(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
         try:
             flush = outbox_flusher(store, args, clock)
             with _dashboard(args, clock):
-                return watch(monitor, interval=args.interval, once=args.once, out=out, flush=flush)
+                return watch(monitor, interval=args.interval, once=args.once, out=out, flush=flush,
+                             prune=pruner(store, args, clock))  # fmt: skip
         finally:
             if args.quiet:
                 out.close()
@@ -175,13 +205,13 @@ def _dashboard(args: Any, clock: Clock) -> Iterator[None]:
     if not args.listen:
         yield
         return
-    from cronwarden.cli.dashboard import open_dashboard, request_log
+    from cronwarden.cli.dashboard import open_dashboard, request_log, token_of
     from cronwarden.web import bind, url_of
 
     dashboard = open_dashboard(args, clock)
     try:
         host, port = args.listen
-        server = bind(dashboard, host, port, log=request_log(args))
+        server = bind(dashboard, host, port, log=request_log(args), token=token_of(args))
         print(f"cronwarden monitor: dashboard on {url_of(server)}", file=sys.stderr, flush=True)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                   name="cronwarden-dashboard", daemon=True)  # fmt: skip

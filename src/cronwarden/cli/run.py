@@ -160,16 +160,32 @@ def _slot(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"--slot must be a time in epoch seconds like 1764583800, got {text!r}")
+    if not math.isfinite(value) or not 0 <= value <= LATEST_SLOT:
+        raise UsageError(f"--slot must be a time in epoch seconds up to the year 9999, like 1764583800, "
+                         f"got {text!r}")  # fmt: skip
     return value
+
+
+LATEST_SLOT = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: a later slot is a mistake, and no date can show it."""
+MIN_TTL = 1.0
+"""The shortest ``--ttl``: a lease renewed every ttl/3 needs room for a round
+trip to the store and a late wake-up on a busy host, or it is always lost."""
+
+
+def _ttl(text: str) -> float:
+    seconds = duration("--ttl")(text)
+    if seconds < MIN_TTL:
+        raise UsageError(f"--ttl must be at least 1s (it is renewed every ttl/3, each renewal a round "
+                         f"trip to the store), got {text!r}")  # fmt: skip
+    return seconds
 
 
 FLAGS: dict[str, dict[str, Any]] = {
     "--job": {"required": True, "help": "job name (letters, digits, _ . @ -)"},
     "--config": {"metavar": "PATH", "help": "config file (default: $CRONWARDEN_CONFIG, else "
                  "./cronwarden.toml if present); the job's settings there are the defaults of these flags"},
-    "--ttl": {"type": duration("--ttl"), "metavar": "DURATION",
+    "--ttl": {"type": _ttl, "metavar": "DURATION",
               "help": "lease time-to-live, renewed every ttl/3 (default 60s)"},
     "--every": {"group": "when", "metavar": "DURATION",
                 "help": "the job's period, e.g. 10m (slots, monitor)"},
@@ -290,6 +306,7 @@ def main(args: Any) -> int:
         try:
             return _supervise(args, command, options, guard, started, relay, _command_env(args, url))
         finally:
+            _prune_a_little(warden.store, config, args.job)
             if config.sinks:
                 # Deliver this run's events within [sinks] flush_timeout; never
                 # raises, never changes the exit status. Imported only here.
@@ -301,6 +318,26 @@ def main(args: Any) -> int:
 
 EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_REPLACED,
                    Outcome.TIMED_OUT: EXIT_TIMED_OUT}  # fmt: skip
+
+
+RUN_PRUNE_BUDGET = 50
+"""Events a run's end prunes at most: a few milliseconds (bench/retention.py),
+so that a ledger with retention never grows between monitoring passes."""
+
+
+def _prune_a_little(store: Store, config: Any, job: str) -> None:
+    """One small retention step, if the store URL or the config says what to
+    keep; never changes the run's exit status."""
+    from cronwarden.cli.args import retention
+    from cronwarden.clock import SYSTEM_CLOCK
+    from cronwarden.errors import StoreError
+
+    keep = retention(store, config)
+    if keep.active:
+        try:
+            store.prune(keep, SYSTEM_CLOCK.wall(), jobs=[job], budget=RUN_PRUNE_BUDGET)
+        except StoreError:
+            pass  # the next run or the monitor will
 
 
 def _scheduler_store(given: str | None) -> str | None:

@@ -26,7 +26,7 @@ from cronwarden.config.settings import (
     merge,
     positive,
 )
-from cronwarden.durations import parse_duration
+from cronwarden.durations import parse_duration, parse_positive_duration
 from cronwarden.errors import UsageError
 from cronwarden.policy import Policy
 
@@ -51,6 +51,11 @@ def read_file(
     carrying every problem of both."""
     reader = _Reader(path, env_problems)
     return reader.build(reader.parse_file(), env_values, env_sources, env)
+
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""A config file larger than this is refused before it is parsed: a few
+thousand jobs fit in far less, and a huge file is a mistake (or an attack)."""
 
 
 class _Reader:
@@ -87,9 +92,13 @@ class _Reader:
     def parse_file(self) -> dict[str, Any]:
         try:
             with open(self.path, "rb") as f:
-                raw = f.read()
+                raw = f.read(MAX_CONFIG_BYTES + 1)
         except OSError as e:
             self.problems.append(Problem(self.path, None, f"cannot read the config file: {e.strerror}"))
+            return {}
+        if len(raw) > MAX_CONFIG_BYTES:
+            too_big = f"the config file is over {MAX_CONFIG_BYTES // 1024} KiB; expected cronwarden.toml"
+            self.problems.append(Problem(self.path, None, too_big))
             return {}
         try:
             text = raw.decode("utf-8")
@@ -103,6 +112,10 @@ class _Reader:
         except tomllib.TOMLDecodeError as e:
             message, line = _syntax_error(str(e), text)
             self.problems.append(Problem(self.path, line, f"TOML syntax: {message}"))
+            return {}
+        except RecursionError:  # tomllib recurses once per level of nesting
+            self.problems.append(Problem(self.path, None, "arrays or inline tables nested too deeply "
+                                         "to read; expected a cronwarden.toml"))  # fmt: skip
             return {}
         self.lines = _key_lines(text)
         return data
@@ -123,6 +136,7 @@ class _Reader:
             store_source = self.source("store") if store else None
         if env.get(ENV_STORE):
             store, store_source = env[ENV_STORE], f"${ENV_STORE}"
+        retention, keep_runs = self.retention(data)
 
         defaults: dict[str, Any] = {}
         default_sources: dict[str, str] = {}
@@ -174,7 +188,29 @@ class _Reader:
             job_problems={k: tuple(v) for k, v in self.job_problems.items()},
             sinks=sinks,
             sink_problems=tuple(sink_problems),
+            retention=retention,
+            keep_runs=keep_runs,
         )
+
+    def retention(self, data: Mapping[str, Any]) -> tuple[float | None, int | None]:
+        """The top-level ``retention`` (a duration) and ``keep_runs`` (runs per job)."""
+        age, keep = None, None
+        if "retention" in data:
+            value = data["retention"]
+            try:
+                if not isinstance(value, str):
+                    raise UsageError(f'must be a duration like "90d" (a string), got {_kind(value)}')
+                age = parse_positive_duration(value, what="retention")
+            except UsageError as e:
+                self.problem(("retention",), f"retention: {e}".replace("retention: retention ", "retention "))
+        if "keep_runs" in data:
+            value = data["keep_runs"]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**9:
+                self.problem(("keep_runs",), f"keep_runs must be a whole number of runs per job from 1 to "
+                             f"10^9, like 1000, got {value!r}")  # fmt: skip
+            else:
+                keep = value
+        return age, keep
 
     def unknown_keys(self, table: Mapping[str, Any], valid: Sequence[str], at: tuple[str, ...], where: str,
                      job: str | None = None) -> None:  # fmt: skip

@@ -72,7 +72,7 @@ MONITOR_KEYS = ("failure_threshold", "recovery_threshold", "maintenance")
 DEFAULTS_KEYS = (*DURATION_KEYS, "max_pending", "timezone", *MONITOR_KEYS)
 """What ``[defaults]`` may set. Not ``policy``: a policy is chosen per job,
 with its own reason, or it is the default (skip)."""
-TOP_KEYS = ("store", "defaults", "jobs", "sinks")
+TOP_KEYS = ("store", "retention", "keep_runs", "defaults", "jobs", "sinks")
 
 ENV_KEYS: Mapping[str, str] = {
     "ttl": "CRONWARDEN_TTL",
@@ -183,6 +183,11 @@ class Config(NamedTuple):
     """The file's raw ``[sinks]`` table (``cronwarden.sinks.load_sinks`` reads it);
     its problems are in ``problems`` and in ``sink_problems``."""
     sink_problems: tuple[Problem, ...] = ()
+    retention: float | None = None
+    """The file's ``retention``: seconds of the ledger to keep (the store
+    URL's ``retention`` wins)."""
+    keep_runs: int | None = None
+    """The file's ``keep_runs``: finished runs to keep per job (the URL's wins)."""
 
     def job(self, name: str) -> JobSettings | None:
         for j in self.jobs:

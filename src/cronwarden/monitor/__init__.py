@@ -72,18 +72,21 @@ from cronwarden.monitor.stats import (
     Failing,
     JobRules,
     JobStats,
+    LazyDurations,
     Overlap,
     Stuck,
     Thresholds,
     Verdict,
     failing_of,
     find_overlaps,
+    newest_slot,
     parse_schedule,
     partition,
     quantile,
     slot_counts,
 )
 from cronwarden.stores.base import EventQuery, Store, abandon_expired
+from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup
 
 __all__ = [
     "BAD_OUTCOMES",
@@ -151,6 +154,9 @@ class Monitor:
     those the store knows; they win over the store's record of the same name.
     ``job_rules`` holds jobs' own monitoring settings (failure and recovery
     thresholds, maintenance windows); other jobs get ``default_rules``.
+    ``use_rollups``: read each job's statistics from the store's rollup where
+    it answers them exactly (see ``_from_rollup``), the ledger otherwise;
+    False reads the ledger for every job.
     """
 
     def __init__(
@@ -163,8 +169,10 @@ class Monitor:
         extra_jobs: Sequence[JobInfo] = (),
         job_rules: Mapping[str, JobRules] | None = None,
         default_rules: JobRules | None = None,
+        use_rollups: bool = True,
     ) -> None:
         self.store = store
+        self.use_rollups = use_rollups
         self.clock = clock
         self.thresholds = thresholds or Thresholds()
         self.rules = tuple(rules)
@@ -322,6 +330,76 @@ class Monitor:
             rules=rules, failing=failing, slots=slots,
         )  # fmt: skip
 
+    def _rollups(self) -> dict[str, Rollup]:
+        """The store's rollups, when this monitor's window is theirs."""
+        if not self.use_rollups or self.thresholds.runs != ROLLUP_RUNS:
+            return {}
+        return self.store.rollups() or {}
+
+    def _job_stats(
+        self, job: str, info: JobInfo | None, now: float, opened: list[RunRecord], rollups: dict[str, Rollup]
+    ) -> JobStats:
+        """One job's statistics: from its rollup if that answers them, else from the ledger."""
+        rollup = rollups.get(job)
+        if rollup is not None and not opened:
+            fast = self._from_rollup(job, info, now, rollup)
+            if fast is not None:
+                return fast
+        return self._read(job, info, now, opened)
+
+    def _from_rollup(self, job: str, info: JobInfo | None, now: float, r: Rollup) -> JobStats | None:
+        """The statistics ``_read`` would compute, from the job's rollup, or
+        None where the rollup cannot say (the ledger is read then): a stale
+        row, a window with a flagged run (an abandoned run, another lease
+        key, a start before an earlier end: an overlap to find), a window
+        older than ``days``, skips or overlap events the row does not hold.
+        The job has no open run (the caller checks)."""
+        t = self.thresholds
+        since = now - t.days * 86400
+        if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
+            return None
+        window_start = r.w_oldest if r.w_runs >= t.runs else since
+        times = r.skip_times
+        if len(times) < r.skips and (not times or times[0] >= window_start):
+            return None  # skips older than the row keeps may be in the window
+        if r.last_overlap is not None and r.last_overlap >= window_start:
+            return None
+        skips = sum(1 for x in times if x >= window_start)
+        if skips >= t.event_limit:
+            return None
+        rules = self.rules_of(job)
+        outcomes = dict(r.w_outcomes)
+        if any(outcomes.get(o.value, 0) for o in BAD_OUTCOMES):
+            # failing: decided without the window's order only once enough successes followed
+            need = rules.recovery_threshold
+            if r.good_in_a_row < need or outcomes.get(Outcome.SUCCEEDED, 0) < need:
+                return None
+        period, schedule_error = self._period(info, now)
+        schedule = info.schedule if info and info.schedule else (f"every {format_duration(period)}" if period
+                                                                   else None)  # fmt: skip
+        slots: tuple[tuple[float, int], ...] = ()
+        if schedule is not None and period and schedule_error is None:
+            import json
+
+            attempts = [(a[0], a[1]) for a in json.loads(r.attempts) if a[0] >= window_start]
+            slots = newest_slot(attempts, schedule, period)
+            if slots and slots[0][1] > 1:  # crowded, maybe: every slot's count, as the ledger gives them
+                slots = slot_counts(attempts, schedule, period)
+        refusal = r.last_refusal if r.last_refusal is not None and r.last_refusal >= window_start else None
+        last_attempt = max((x for x in (r.last_start, refusal) if x is not None), default=None)
+        return JobStats(
+            job=job, info=info, now=now, window_start=window_start,
+            schedule=schedule,
+            period=period, grace=t.grace(info, period), schedule_error=schedule_error,
+            runs=r.w_runs, completed=r.w_completed, durations=LazyDurations(r),
+            p50=r.p50, p95=r.p95, max=r.w_max, outcomes=outcomes,
+            failures=outcomes.get(Outcome.FAILED, 0) + outcomes.get(Outcome.TIMED_OUT, 0),
+            lease_losses=outcomes.get(Outcome.LEASE_LOST, 0),
+            skips=skips, skips_in_a_row=r.skips_in_a_row, overlaps=0, open_runs=0,
+            last_start=r.last_start, last_attempt=last_attempt, last_success=r.w_last_success,
+            rules=rules, failing=None, slots=slots,
+        )  # fmt: skip
+
     def audit(self) -> list[JobStats]:
         """Every known job's statistics. Read-only."""
         now = self.clock.wall()
@@ -329,8 +407,9 @@ class Monitor:
         by_job: dict[str, list[RunRecord]] = {}
         for r in opened:
             by_job.setdefault(r.job, []).append(r)
+        rollups = self._rollups()
         return [
-            self._read(name, info, now, by_job.get(name, []))
+            self._job_stats(name, info, now, by_job.get(name, []), rollups)
             for name, info in self.known_jobs(opened).items()
         ]
 
@@ -387,8 +466,13 @@ class Monitor:
         raised: list[Event] = []
         resolved: list[Event] = []
         abandoned: list[str] = []
+        rollups = self._rollups()
+        stale = [job for job, r in rollups.items() if r.stale]
+        if record and stale:  # a store upgraded from a version without rollups: once
+            self.store.rebuild_rollups(stale)
+            rollups = self._rollups()
         for name, info in self.known_jobs(opened).items():
-            stats = self._read(name, info, now, by_job.get(name, []))
+            stats = self._job_stats(name, info, now, by_job.get(name, []), rollups)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:

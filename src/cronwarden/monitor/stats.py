@@ -223,6 +223,29 @@ def slot_counts(
     return tuple(sorted(counts.items(), reverse=True))
 
 
+def newest_slot(
+    attempts: Iterable[tuple[float, float | None]], schedule: str, period: float
+) -> tuple[tuple[float, int], ...]:
+    """The first of ``slot_counts``: the newest slot that had attempts, with
+    an upper bound of how many (exact when the slots were recorded, or when
+    it is 1), for one cron walk instead of one per attempt. A count of 1
+    means the slot is not crowded: what ``crowded`` needs to know."""
+    newest = sorted(attempts, key=lambda a: a[0], reverse=True)[:16]
+    if not newest:
+        return ()
+    try:
+        sched = parse_schedule(schedule)
+    except UsageError:
+        return ()
+    early = min(60.0, period / 10)
+    at, slot = newest[0]
+    first = float(slot) if slot is not None else float(sched.slot(at + early))
+    # A computed slot is the latest fire at or before at + early: every later
+    # attempt at or after that fire (less early) is in it.
+    n = sum(1 for a, s in newest if (float(s) == first if s is not None else a + early >= first))
+    return ((first, n),)
+
+
 def parse_schedule(text: str) -> Any:
     """``Schedule`` from what a ``JobInfo`` keeps (``CRON_TZ=Zone expr`` too)."""
     from cronwarden.schedule import Schedule
@@ -282,6 +305,38 @@ class Stuck:
     why: str
 
 
+class LazyDurations(Sequence[float]):
+    """A rollup's window durations, decoded on first use: most readers of
+    the statistics want p50 and p95 only, which the rollup has already."""
+
+    def __init__(self, rollup: Any) -> None:
+        self._rollup = rollup
+        self._values: tuple[float, ...] | None = None
+
+    def _all(self) -> tuple[float, ...]:
+        if self._values is None:
+            self._values = self._rollup.durations()
+        return self._values
+
+    def __len__(self) -> int:
+        return int(self._rollup.w_completed)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobStats:
     """One job's statistics over the window (last N runs, last D days)."""
@@ -296,7 +351,7 @@ class JobStats:
     runs: int
     """Runs started in the window (open ones included)."""
     completed: int
-    durations: tuple[float, ...] = ()
+    durations: Sequence[float] = ()
     """Durations of the completed runs in the window, ascending."""
     p50: float | None = None
     p95: float | None = None

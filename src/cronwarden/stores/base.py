@@ -38,12 +38,15 @@ not usable as configured, or refuses a request outright, raises
 import abc
 import enum
 from collections.abc import Sequence
-from typing import NamedTuple, Self
+from typing import TYPE_CHECKING, NamedTuple, Self
 
 from cronwarden.errors import LeaseLost
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
+
+if TYPE_CHECKING:  # the cron wrapper's path does not import the rollup
+    from cronwarden.stores.rollup import Rollup
 
 
 class Start(NamedTuple):
@@ -178,6 +181,82 @@ rejects everything (a wrong URL path answering 404) sets aside its newest
 thousand events, not the ledger."""
 
 
+PRUNE_BUDGET = 200
+"""Events one ``Store.prune`` step deletes at most (with the runs whose
+``started`` they are): a step costs a few milliseconds, so the end of a run
+and a monitoring pass can afford one (``bench/retention.py`` measures it)."""
+
+
+AGE_OUT_FREELY = frozenset(
+    {EventKind.STARTED, *(o.event for o in Outcome), EventKind.SKIPPED, EventKind.QUEUED,
+     EventKind.QUEUE_FULL, EventKind.PAUSED, EventKind.MISFIRED, EventKind.SINK_FAILED,
+     EventKind.SINK_RECOVERED, EventKind.SINK_REJECTED}
+)  # fmt: skip
+"""The kinds retention deletes. Every other kind (the monitor's findings,
+operators' decisions: a state that holds until a later event says
+otherwise) is kept whatever its age: such events record changes of state,
+a few per job and week, and deleting an old one could make a finding that
+was resolved look raised again, or one that is raised look gone."""
+
+
+def kept_kinds() -> list[str]:
+    """The kinds retention keeps (every kind not in ``AGE_OUT_FREELY``)."""
+    return [k.value for k in EventKind if k not in AGE_OUT_FREELY]
+
+
+def pruned_kinds_sql() -> str:
+    """``AGE_OUT_FREELY`` as an SQL list of literals (enum values: letters
+    and ``_`` only), for the SQL stores' prune statements: a list of kinds
+    that are pruned, so that each is an index range of (job, kind, at)."""
+    return ", ".join(sorted(f"'{k.value}'" for k in AGE_OUT_FREELY))
+
+
+class Retention(NamedTuple):
+    """How much of the ledger a store keeps: ``retention = "90d"`` and
+    ``keep_runs = 1000`` in the config file or the store URL. Either, both
+    (whichever prunes more), or neither (nothing is pruned)."""
+
+    max_age: float | None = None
+    """Seconds: events older than this, and finished runs started before it, go."""
+    keep_runs: int | None = None
+    """Finished runs kept per job, newest first (and the events of the runs that go)."""
+
+    @property
+    def active(self) -> bool:
+        return self.max_age is not None or self.keep_runs is not None
+
+
+KEEP_ALL = Retention()
+"""No retention: nothing is pruned (the default)."""
+RETENTION_PARAMS = ("retention", "keep_runs")
+"""The store URL's retention parameters, the same on every store."""
+
+
+def retention_of(url: str, params: dict[str, str]) -> Retention:
+    """The ``retention`` and ``keep_runs`` parameters of a store URL, taken
+    out of ``params`` (so the store sees only its own)."""
+    from cronwarden.durations import parse_positive_duration
+    from cronwarden.errors import StoreUrlError, UsageError
+
+    age, keep = params.pop("retention", None), params.pop("keep_runs", None)
+    try:
+        max_age = None if age is None else parse_positive_duration(age, what="retention")
+    except UsageError as e:
+        raise StoreUrlError(url, str(e)) from None
+    if keep is not None and (not keep.isdigit() or not 1 <= int(keep) <= 10**9):
+        raise StoreUrlError(url, f"keep_runs must be a whole number of runs from 1 to 10^9, got {keep!r}")
+    return Retention(max_age, None if keep is None else int(keep))
+
+
+class Pruned(NamedTuple):
+    """What a ``Store.prune`` step deleted (or, dry, would delete)."""
+
+    runs: int = 0
+    events: int = 0
+    done: bool = True
+    """False when the step stopped at its budget with more due: call again."""
+
+
 def side_lease_key(key: str, run_id: str) -> str:
     """The key of the side lease policy allow grants ``run_id`` while another
     run holds ``key``: a lease of the run's own, so it has one to renew, that
@@ -197,6 +276,9 @@ class Store(abc.ABC):
 
     url: str
     """Where the store is, as a URL (without a password)."""
+    retention: Retention = KEEP_ALL
+    """What its URL says to keep (``?retention=90d&keep_runs=1000``);
+    nothing is pruned unless someone calls ``prune`` with it."""
 
     # -- leases and runs ----------------------------------------------------
 
@@ -397,6 +479,33 @@ class Store(abc.ABC):
         # Each cronwarden store reads the one row; this serves any other.
         return next((j for j in self.jobs() if j.name == name), None)
 
+    # -- rollups --------------------------------------------------------------
+
+    def rollups(self) -> "dict[str, Rollup] | None":
+        """Every job's rollup (``stores/rollup.py``), by job: kept in the
+        same atomic step as each write it counts (a run's start and end, a
+        refused or overlapping start), so it never disagrees with the
+        ledger it summarises. A row marked ``stale`` predates part of its
+        job's ledger and is not to be read until ``rebuild_rollups``.
+        None: this store keeps no rollups (the monitor reads the ledger).
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return None
+
+    def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
+        """Fold each job's ledger (``jobs``, or every job with a run or a
+        refused start) into its rollup again, with ``stores.rollup.fold``,
+        replacing the row. A job whose row changes while its ledger is read
+        (a run ends meanwhile) is read again. Returns the jobs written; 0 on
+        a store that keeps no rollups.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return 0
+
     # -- the outbox -----------------------------------------------------------
     # Each sink's outbox is the ledger minus what that sink has acknowledged:
     # no copy of the events, no separate queue. Delivery is at least once:
@@ -562,6 +671,36 @@ class Store(abc.ABC):
         :return: the owner of the slot's claim
         :raises StoreUnavailable: the store cannot be reached or is busy
             right now
+        :raises StoreError: the store is not usable
+        """
+
+    # -- retention ----------------------------------------------------------
+
+    @abc.abstractmethod
+    def prune(self, retention: Retention, now: float, *, jobs: Sequence[str] | None = None,
+              budget: int = PRUNE_BUDGET, dry_run: bool = False) -> Pruned:  # fmt: skip
+        """Delete, oldest first, at most ``budget`` events that ``retention``
+        no longer keeps as of wall-clock ``now``, with the finished runs
+        whose ``started`` event they are: a bounded step (call again while
+        ``done`` is False), so no call pays for a year at once.
+
+        Never deleted, whatever their age: an open run and its events;
+        events of the kinds not in ``AGE_OUT_FREELY`` (findings, operators'
+        decisions), so an unresolved finding stays raised; any table but the runs, the events and each
+        sink's dead letters and acknowledgments of the events deleted (the
+        leases, fencing counters, jobs, marks, slot claims; and rows other
+        tables keep, such as per-job rollups). Only ``jobs`` are looked at
+        (None: every job in the ledger, delivery's ``sink:NAME`` included);
+        each step reads the jobs' indexes, never a scan of the ledger.
+        A sink that has not delivered an event before it ages out does not
+        get it. With ``dry_run`` nothing is deleted and the counts are of
+        everything due, not bounded by ``budget`` (on Redis, by each job's
+        caps).
+
+        Atomic per step: a step deletes its events and their runs together
+        or not at all.
+
+        :raises StoreUnavailable: the store cannot be reached or is busy
         :raises StoreError: the store is not usable
         """
 

@@ -65,3 +65,35 @@ LIMIT %s;
 
 -- name: rejected_counts --
 SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;
+
+-- name: rollups --
+-- Every job's rollup (stores/rollup.py), in Rollup's field order; the JSON
+-- columns as text, decoded by the reader (w_durations only on demand).
+SELECT job, stale, ended, CAST(outcomes AS TEXT), completed, duration_sum, last_start, last_success,
+       bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, CAST(skip_times AS TEXT),
+       w_runs, w_oldest, w_flagged, w_completed, CAST(w_outcomes AS TEXT), CAST(w_durations AS TEXT), p50, p95,
+       w_max, w_last_success, CAST(attempts AS TEXT)
+FROM {s}.rollups ORDER BY job;
+
+-- name: rollup_version --
+-- What a rebuild compares before it writes: a run that started or ended, or
+-- a refusal, while it read the ledger changes one of these.
+SELECT ended, last_start, skips, last_refusal, last_overlap FROM {s}.rollups WHERE job = %s;
+
+-- name: rollup_jobs --
+-- Every job with a run or a refused start: the jobs a rebuild folds.
+SELECT job FROM {s}.runs UNION SELECT job FROM {s}.rollups ORDER BY 1;
+
+-- name: keep_runs_cutoff --
+-- keep_runs: the start of the oldest run a job keeps (OFFSET keep_runs - 1),
+-- through the index runs (job, started_at).
+SELECT started_at FROM {s}.runs WHERE job = %s ORDER BY started_at DESC LIMIT 1 OFFSET %s;
+
+-- name: count_due --
+-- prune's dry run for one job: its events due before its bound (only the
+-- kinds retention prunes, {pruned}; never an open run's), and how many are
+-- `started` (one per finished run that goes).
+SELECT count(*), coalesce(sum(CASE WHEN e.kind = 'started' THEN 1 ELSE 0 END), 0)
+FROM {s}.events e
+WHERE e.job = %s AND e.at < %s AND e.kind IN ({pruned})
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL));

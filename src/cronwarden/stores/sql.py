@@ -25,11 +25,14 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronwarden.errors import StoreError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
-from cronwarden.stores.base import EventQuery, Store
+from cronwarden.stores.base import PRUNE_BUDGET, EventQuery, Pruned, Retention, Store, pruned_kinds_sql
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Entry, Rollup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = "-- name:"
@@ -170,6 +173,56 @@ class SqlStore(Store):
         }
 
     @abc.abstractmethod
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
+        """One retention step in one transaction: ``job``'s oldest ``limit``
+        events due before ``bound``, with the finished runs whose ``started``
+        they are, the sinks' dead letters and acknowledgments of them.
+        Returns (runs, events, events chosen).
+
+        :raises StoreUnavailable: the store cannot be reached for now
+        :raises StoreError: anything else the store refused
+        """
+
+    def prune(self, retention: Retention, now: float, *, jobs: Sequence[str] | None = None,
+              budget: int = PRUNE_BUDGET, dry_run: bool = False) -> Pruned:  # fmt: skip
+        if not retention.active:
+            return Pruned()
+        runs = events = 0
+        left = budget
+        for job, bound in self._bounds(retention, now, jobs):
+            if dry_run:
+                sql = self._shared["count_due"].replace("{pruned}", pruned_kinds_sql())
+                [(e, r)] = self._fetch(sql, (job, bound))
+                runs, events = runs + int(r), events + int(e)
+                continue
+            r, e, chosen = self._prune_step(job, bound, left)
+            runs, events, left = runs + r, events + e, left - chosen
+            if left <= 0:
+                return Pruned(runs, events, done=False)
+        return Pruned(runs, events)
+
+    def _bounds(
+        self, retention: Retention, now: float, jobs: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        """Each job's retention bound: what started (or happened) before it
+        is due. The later of the age's cutoff and the start of the oldest
+        run ``keep_runs`` keeps."""
+        if jobs is None:
+            jobs = [str(row[0]) for row in self._fetch(self._shared["ledger_jobs"], ())]
+        cutoff = None if retention.max_age is None else now - retention.max_age
+        found = []
+        for job in jobs:
+            bound = cutoff
+            if retention.keep_runs is not None:
+                oldest_kept = self._fetch(self._shared["keep_runs_cutoff"], (job, retention.keep_runs - 1))
+                if oldest_kept:
+                    kept_from = float(oldest_kept[0][0])
+                    bound = kept_from if bound is None else max(bound, kept_from)
+            if bound is not None:
+                found.append((job, bound))
+        return found
+
+    @abc.abstractmethod
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         """Every row of one read-only statement.
 
@@ -178,9 +231,9 @@ class SqlStore(Store):
         """
 
     @abc.abstractmethod
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
         """One statement that writes, committed on its own (as in the
-        ``Store`` methods it serves, one atomic step).
+        ``Store`` methods it serves, one atomic step); the rows it changed.
 
         :raises StoreUnavailable: the store cannot be reached for now
         :raises StoreError: anything else the store refused
@@ -246,3 +299,44 @@ class SqlStore(Store):
 
     def rejected_counts(self) -> dict[str, int]:
         return {str(sink): int(n) for sink, n in self._fetch(self._shared["rejected_counts"], ())}
+
+    @abc.abstractmethod
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        """Write a rebuilt rollup and its window's entries if the job's row
+        is still what ``rollup_version`` read before the ledger was
+        (``seen``; None: there was no row), in one transaction. False: it
+        changed meanwhile."""
+
+    def rollups(self) -> dict[str, Rollup] | None:
+        from cronwarden.stores.rollup import from_row
+
+        return {row[0]: from_row(row) for row in self._fetch(self._shared["rollups"], ())}
+
+    def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
+        from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold
+
+        names = [r[0] for r in self._fetch(self._shared["rollup_jobs"], ())] if jobs is None else jobs
+        for job in names:
+            for _ in range(REBUILD_TRIES):
+                seen = self._fetch(self._shared["rollup_version"], (job,))
+                runs = self.runs(job, 2**62)
+                ended = sorted((r for r in runs if r.outcome is not None), key=_end_order)
+                events = self.events(
+                    EventQuery(job=job, kinds=ROLLUP_EVENT_KINDS, newest_first=False, limit=2**62)
+                )
+                rollup, recent = fold(job, runs, ended, events)
+                if self._save_rollup(rollup, recent, tuple(seen[0]) if seen else None):
+                    break
+            else:
+                raise StoreError(
+                    f"the rollup of job {job!r} changed {REBUILD_TRIES} times while being rebuilt"
+                )
+        return len(names)
+
+
+REBUILD_TRIES = 20
+
+
+def _end_order(r: RunRecord) -> tuple[float, float, str]:
+    """The order a rebuild folds ended runs in: the order they ended."""
+    return (r.ended_at or 0.0, r.started_at, r.run_id)

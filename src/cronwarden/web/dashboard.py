@@ -373,7 +373,7 @@ class Dashboard:
             rows,
             empty="No runs recorded yet.",
         )
-        chart = duration_chart([i for i in reversed(items) if i["type"] == "run"], stats.period, t.slow, now)
+        chart = duration_chart(items, stats.period, t.slow, now)
         body = (
             f'<p><a href="/">← all jobs</a></p><dl>{dl}</dl><h2>Durations against the period</h2>{chart}'
             f"<h2>Runs and refused starts</h2>{history}"
@@ -385,7 +385,8 @@ class Dashboard:
         refresh = f'<meta http-equiv="refresh" content="{round(self.refresh)}">' if self.refresh > 0 else ""
         store = esc(mask_password(self.store.url))
         text = (
-            f'<!doctype html><html lang="en"><head><meta charset="utf-8">{refresh}'
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
             f"<title>{esc(title if title == 'cronwarden' else f'{title} — cronwarden')}</title>"
             f"<style>{CSS}</style></head><body>"
             f"<header><h1>{esc(title)}</h1><p>{store} · as of {when(now)}"
@@ -404,7 +405,9 @@ def _error(status: HTTPStatus, message: str, api: bool, headers: Mapping[str, st
         body = json.dumps({"error": message}).encode() + b"\n"
         return Response(status, "application/json", body, headers or {})
     text = (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status.value} — cronwarden'
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{status.value} — cronwarden"
         f"</title><style>{CSS}</style></head><body><h1>{status.value} {esc(status.phrase)}</h1>"
         f'<p>{esc(message)}</p><p><a href="/">all jobs</a></p></body></html>'
     )

@@ -105,43 +105,104 @@ def _say(e: Event) -> str:
     return ""
 
 
-def duration_chart(runs: Sequence[Mapping[str, Any]], period: float | None, slow: float, now: float) -> str:
-    """An SVG bar per run, oldest first (its height its duration; an open
-    run's is its age so far, drawn hollow), under a line at the period and
-    one at the slow threshold: a creeping runtime shows as bars walking up
-    to the line before a start meets an open run."""
-    if not runs:
+OUTCOME_COLOURS = {
+    "succeeded": "#5cb85c",
+    "running": "none",
+    "replaced": "#f0ad4e",
+    "stopped": "#999999",
+    "interrupted": "#f0ad4e",
+}
+"""Bar fills by outcome; every other ending (failed, timed out, lease lost, abandoned) is red."""
+MARKERS = {
+    "skipped": "#f0ad4e",
+    "queued": "#5bc0de",
+    "queue_full": "#d9534f",
+    "overlap": "#d9534f",
+    "missed": "#d9534f",
+}
+"""Refused and missed starts: a marker on the time axis, no bar."""
+MIN_BAR = 3.0
+"""Pixels: the least height of a bar, so a 10 ms failure is seen (and coloured)."""
+
+
+def _ticks(top: float, n: int = 4) -> list[float]:
+    """About ``n`` round tick values from 0 to ``top`` seconds (1, 2 or 5 × a power of ten)."""
+    import math
+
+    raw = top / n
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [step * k for k in range(1, int(top / step) + 1)]
+
+
+def duration_chart(items: Sequence[Mapping[str, Any]], period: float | None, slow: float, now: float) -> str:
+    """An SVG on a time axis: each run's duration as a bar at its start time
+    (an open run's age so far, drawn hollow; at least ``MIN_BAR`` pixels
+    high, coloured by outcome), each refused start (skipped, queued,
+    queue_full, overlap) as a marker at its time, y ticks in seconds, and
+    lines at the period and the slow threshold labelled at the right edge,
+    pushed apart when they would overlap. ``items`` are ``history_items``."""
+    runs = sorted((i for i in items if i["type"] == "run"), key=lambda i: i["started_at"])
+    marks = [i for i in items if i["type"] != "run"]
+    if not runs and not marks:
         return '<p class="empty">No runs recorded yet.</p>'
-    width, height, left, top = 640, 160, 44, 10
-    ends = [r["duration"] for r in runs if r["duration"] is not None]
-    tallest = float(max([*ends, *((now - r["started_at"]) for r in runs if r["duration"] is None), 0.001]))
-    scale_top = max(tallest, period or 0.0) * 1.1
-    step = (width - left) / len(runs)
+    width, height, left, right, top = 680, 170, 52, 60, 10
+    times = [r["started_at"] for r in runs] + [m["at"] for m in marks]
+    t0, t1 = min(times), max([*times, *((r["started_at"] + (r["duration"] or 0)) for r in runs)])
+    span = max(t1 - t0, 1.0)
+    ages = [r["duration"] if r["duration"] is not None else now - r["started_at"] for r in runs]
+    scale_top = max([*ages, period or 0.0, 0.001]) * 1.1
+    plot = width - left - right
+
+    def x(t: float) -> float:
+        return float(left + plot * (t - t0) / span)
 
     def y(seconds: float) -> float:
-        return top + (height - top) * (1 - min(seconds, scale_top) / scale_top)
+        return float(top + (height - top) * (1 - min(seconds, scale_top) / scale_top))
 
-    parts = [f'<svg width="{width}" height="{height + 18}" role="img" aria-label="durations">']
-    for i, r in enumerate(runs):
-        seconds = r["duration"] if r["duration"] is not None else now - r["started_at"]
-        fill = {"succeeded": "#5cb85c", "running": "none"}.get(r["outcome"], "#d9534f")
-        x = left + i * step + step * 0.15
+    bar = max(2.0, min(12.0, plot / max(len(runs), 1) * 0.6))
+    parts = [f'<svg viewBox="0 0 {width} {height + 22}" width="100%" style="max-width:{width}px" role="img" '
+             f'aria-label="run durations over time" class="chart">']  # fmt: skip
+    for tick in _ticks(scale_top):
+        parts.append(f'<line x1="{left}" x2="{left + plot}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
+                     f'stroke="#eee"/><text class="ytick" x="{left - 4}" y="{y(tick) + 4:.1f}" '
+                     f'text-anchor="end">{dur(tick)}</text>')  # fmt: skip
+    for r, seconds in zip(runs, ages, strict=True):
+        fill = OUTCOME_COLOURS.get(r["outcome"], "#d9534f")
+        h = max(MIN_BAR, height - y(seconds))
         parts.append(
-            f'<rect x="{x:.1f}" y="{y(seconds):.1f}" width="{max(1.0, step * 0.7):.1f}" '
-            f'height="{height - y(seconds):.1f}" fill="{fill}" stroke="#5b7ea8" '
+            f'<rect class="run {esc(r["outcome"])}" x="{x(r["started_at"]) - bar / 2:.1f}" '
+            f'y="{height - h:.1f}" '
+            f'width="{bar:.1f}" height="{h:.1f}" fill="{fill}" stroke="#5b7ea8" '
             f'stroke-width="{int(fill == "none")}">'
-            f"<title>{esc(r['run_id'])}: {esc(r['outcome'])}, {dur(seconds)}</title></rect>"
+            f"<title>{esc(r['run_id'])}: {esc(r['outcome'])}, {dur(seconds)}, started {when(r['started_at'])}"
+            "</title></rect>"
+        )
+    for m in marks:
+        colour = MARKERS.get(m["type"], "#777")
+        cx = x(m["at"])
+        parts.append(
+            f'<path class="mark {esc(m["type"])}" d="M{cx - 4:.1f},{height + 8} L{cx + 4:.1f},{height + 8} '
+            f'L{cx:.1f},{height + 1} Z" fill="{colour}"><title>{esc(m["type"])} at {when(m["at"])}'
+            "</title></path>"
         )
     if period:
-        for seconds, label, colour in ((period, "period", "#333"), (period * slow, "slow", "#d9534f")):
+        lines = [(period, "period", "#333"), (period * slow, "slow", "#d9534f")]
+        placed: list[float] = []
+        for seconds, label, colour in sorted(lines, key=lambda line: line[0], reverse=True):
+            ly = y(seconds)
+            at = ly + 4
+            while any(abs(at - p) < 12 for p in placed):
+                at += 12
+            placed.append(at)
             parts.append(
-                f'<line x1="{left}" x2="{width}" y1="{y(seconds):.1f}" y2="{y(seconds):.1f}" '
-                f'stroke="{colour}" '
-                f'stroke-dasharray="4 3"/><text x="2" y="{y(seconds) + 4:.1f}">{label}</text>'
+                f'<line x1="{left}" x2="{left + plot}" y1="{ly:.1f}" y2="{ly:.1f}" stroke="{colour}" '
+                f'stroke-dasharray="4 3"/><text class="line-label" x="{left + plot + 4}" y="{at:.1f}">'
+                f"{label}</text>"
             )
     parts.append(
-        f'<text x="{left}" y="{height + 14}">oldest</text>'
-        f'<text x="{width - 40}" y="{height + 14}">newest</text>'
-        f'<text x="2" y="{top + 4}">{dur(scale_top)}</text></svg>'
+        f'<line x1="{left}" x2="{left + plot}" y1="{height}" y2="{height}" stroke="#999"/>'
+        f'<text x="{left}" y="{height + 20}">{when(t0)}</text>'
+        f'<text x="{left + plot}" y="{height + 20}" text-anchor="end">{when(t1)}</text></svg>'
     )
     return "".join(parts)

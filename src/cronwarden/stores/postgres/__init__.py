@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -53,12 +53,15 @@ from cronwarden.errors import (
     StoreUnavailable,
     StoreUrlError,
     UsageError,
+    mask_password,
 )
 from cronwarden.events import Event, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.stores.base import (
     DEAD_LETTERS_KEPT,
+    KEEP_ALL,
     NEW_SINK_BACKFILL,
+    RETENTION_PARAMS,
     End,
     Finished,
     Granted,
@@ -66,11 +69,17 @@ from cronwarden.stores.base import (
     LeaseInfo,
     Refusal,
     Refused,
+    Retention,
     Start,
     is_side_lease,
+    pruned_kinds_sql,
+    retention_of,
     side_lease_key,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Entry, Rollup
 
 T = TypeVar("T")
 
@@ -89,7 +98,10 @@ DEFAULT_LOCK_TIMEOUT = 2.0
 NETWORK_SLACK = 1.0
 """How much longer than ``statement_timeout`` the watchdog waits for an answer."""
 
-OUR_PARAMS = frozenset({"schema", "statement_timeout", "lock_timeout"})
+OUR_PARAMS = frozenset({"schema", "statement_timeout", "lock_timeout", "pooler"})
+POOLERS = ("none", "transaction")
+"""``pooler=transaction``: the server is reached through a pooler in
+transaction mode (PgBouncer ``pool_mode = transaction``)."""
 SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 MIGRATION_TIMEOUT = "15min"
 """Bound on a schema migration (index builds on a large ledger), and on waiting for one."""
@@ -191,12 +203,23 @@ class PostgresStore(SqlStore):
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         url: str | None = None,
+        pooler: str = "none",
+        retention: Retention = KEEP_ALL,
     ) -> None:
         """``conninfo`` is a libpq URL or ``key=value`` string; cronwarden's own
-        settings come as keywords (``from_url`` takes them from the URL)."""
+        settings come as keywords (``from_url`` takes them from the URL).
+
+        ``pooler="transaction"``: each transaction may run on another server
+        session, so nothing may live in one. No statement is prepared (a
+        prepared statement belongs to the session that prepared it), and the
+        settings are not sent at connect (a pooler refuses or drops the
+        ``options`` startup parameter): the role's or the database's own
+        ``statement_timeout``, ``lock_timeout`` and ``synchronous_commit``
+        apply, and the client's watchdog still bounds every call."""
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreError(f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
         self._clock = clock  # kept for the interface; expiry is the server's clock (G4)
+        self.retention = retention
         self.schema = schema
         self._s = f'"{schema}"'
         self._call_timeout = statement_timeout + NETWORK_SLACK
@@ -209,11 +232,15 @@ class PostgresStore(SqlStore):
         # synchronous_commit=on whatever the database or role says: a grant
         # acknowledged but lost in a crash would hand its fencing token out
         # again (G2). Replication to an async standby is documented as a limit.
+        if pooler not in POOLERS:
+            raise StoreError(f"pooler must be one of {', '.join(POOLERS)}, got {pooler!r}")
+        self.pooler = pooler
         ours = (
             f"-c statement_timeout={_ms(statement_timeout)} -c lock_timeout={_ms(lock_timeout)} "
             "-c synchronous_commit=on"
         )
-        params["options"] = f"{ours} {params['options']}" if params.get("options") else ours
+        if pooler == "none":
+            params["options"] = f"{ours} {params['options']}" if params.get("options") else ours
         self._conninfo = psycopg.conninfo.make_conninfo("", **params)
         host = str(params.get("host") or params.get("hostaddr") or "localhost")
         self.where = f"{host}:{params.get('port') or 5432}"
@@ -246,7 +273,8 @@ class PostgresStore(SqlStore):
         except ValueError:
             raise StoreUrlError(url, f"cannot parse the query {parts.query!r}") from None
         ours = {k: v for k, v in query if k in OUR_PARAMS}
-        libpq_params = [(k, v) for k, v in query if k not in OUR_PARAMS]
+        retention = retention_of(url, {k: v for k, v in query if k in RETENTION_PARAMS})
+        libpq_params = [(k, v) for k, v in query if k not in OUR_PARAMS and k not in RETENTION_PARAMS]
         known = {d.keyword.decode() for d in pq.Conninfo.get_defaults()}
         unknown = sorted({k for k, _ in libpq_params if k not in known})
         if unknown:
@@ -256,6 +284,9 @@ class PostgresStore(SqlStore):
                 f"{', '.join(sorted(OUR_PARAMS))} and libpq's own",
             )
         schema = ours.get("schema", DEFAULT_SCHEMA)
+        pooler = ours.get("pooler", "none")
+        if pooler not in POOLERS:
+            raise StoreUrlError(url, f"pooler must be one of {', '.join(POOLERS)}, got {pooler!r}")
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreUrlError(url, f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
         try:
@@ -274,7 +305,9 @@ class PostgresStore(SqlStore):
             clock=clock,
             statement_timeout=statement_timeout,
             lock_timeout=lock_timeout,
-            url=url,
+            url=mask_password(url),
+            pooler=pooler,
+            retention=retention,
         )
 
     # -- plumbing ---------------------------------------------------------
@@ -300,6 +333,8 @@ class PostgresStore(SqlStore):
         if conn is None:
             try:
                 conn = psycopg.connect(self._conninfo, autocommit=True)
+                if self.pooler != "none":
+                    conn.prepare_threshold = None  # nothing prepared: sessions change under us
             except psycopg.Error as e:
                 raise self._connect_error(e) from None
             self._conn = conn
@@ -314,6 +349,12 @@ class PostgresStore(SqlStore):
     def _connect_error(self, e: psycopg.Error) -> StoreError:
         text = _one_line(e)
         lowered = text.lower()
+        if "unsupported startup parameter" in lowered:
+            # PgBouncer refusing the settings sent at connect.
+            return StoreError(
+                f"cannot use PostgreSQL store {self.where}: {text}; behind a pooler in "
+                "transaction mode (PgBouncer), add pooler=transaction to the store URL"
+            )
         busy = ("starting up", "shutting down", "recovery", "too many", "connection slots")
         if any(w in lowered for w in CONFIG_FAILURES) and not any(w in lowered for w in busy):
             return StoreError(f"cannot use PostgreSQL store {self.where}: {text}")
@@ -346,8 +387,16 @@ class PostgresStore(SqlStore):
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         return self._call(lambda c: c.execute(sql, args).fetchall())
 
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
-        self._call(lambda c: c.execute(sql, args))
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
+        return self._call(lambda c: c.execute(sql, args).rowcount)
+
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        from cronwarden.stores.rollup import row_of
+
+        row = row_of(rollup, recent)
+        if seen is None:
+            return self._write(self._q["insert_rollup"], row) == 1
+        return self._write(self._q["update_rollup"], (*row, *seen)) == 1
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
         data: Mapping[str, Any] = raw  # jsonb: psycopg has decoded it
@@ -369,8 +418,8 @@ class PostgresStore(SqlStore):
             return StoreUnavailable(f"PostgreSQL store {self.where} is unavailable: {text}")
         if isinstance(e, pgerrors.UndefinedTable | pgerrors.UndefinedFunction | pgerrors.InvalidSchemaName):
             return StoreError(
-                f"PostgreSQL store {self.where}: schema {self.schema!r} is incomplete ({text}); "
-                "was it dropped while in use?"
+                f"PostgreSQL store {self.where}: schema {self.schema!r} is not a usable cronwarden store, "
+                f"it is incomplete ({text}); was it dropped while in use?"
             )
         return StoreError(f"PostgreSQL store {self.where}: {text}")
 
@@ -587,6 +636,12 @@ class PostgresStore(SqlStore):
         ids = list(dict.fromkeys(event_ids))
         if ids:
             self._call(lambda c: c.execute(self._q["forget_rejected"], (sink, ids)))
+
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
+        sql, args = self._q["prune_due"].replace("{pruned}", pruned_kinds_sql()), (job, bound, limit)
+        row = self._call(lambda c: c.execute(sql, args).fetchone())
+        assert row is not None  # counts: always one row
+        return int(row[0]), int(row[1]), int(row[2])
 
     def close(self) -> None:
         with self._lock:

@@ -142,3 +142,64 @@ CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL);
 -- name: set_schema_version --
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', %s)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: insert_rollup --
+-- A rebuilt rollup (Store.rebuild_rollups) of a job that had no row when the
+-- rebuild began; no row changes if one appeared since (the rebuild reads
+-- that job again).
+INSERT INTO {s}.rollups (job, stale, ended, outcomes, completed, duration_sum, last_start, last_success,
+    bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, skip_times, w_runs,
+    w_oldest, w_flagged, w_completed, w_outcomes, w_durations, p50, p95, w_max, w_last_success, attempts,
+    recent)
+VALUES (%s, %s::integer::boolean, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s,
+    %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s::jsonb, %s::jsonb)
+ON CONFLICT (job) DO NOTHING;
+
+-- name: update_rollup --
+-- A rebuilt rollup over the row the rebuild saw before it read the ledger
+-- (the last five parameters, its rollup_version): no row changes if a run
+-- started or ended, or a refusal was recorded, since.
+UPDATE {s}.rollups SET stale = v.stale, ended = v.ended, outcomes = v.outcomes, completed = v.completed,
+    duration_sum = v.duration_sum, last_start = v.last_start, last_success = v.last_success,
+    bad_in_a_row = v.bad, good_in_a_row = v.good, skips = v.skips, skips_in_a_row = v.in_a_row,
+    last_refusal = v.last_refusal, last_overlap = v.last_overlap, skip_times = v.skip_times,
+    w_runs = v.w_runs, w_oldest = v.w_oldest, w_flagged = v.w_flagged, w_completed = v.w_completed,
+    w_outcomes = v.w_outcomes, w_durations = v.w_durations, p50 = v.p50, p95 = v.p95, w_max = v.w_max,
+    w_last_success = v.w_last_success, attempts = v.attempts, recent = v.recent
+FROM (SELECT %s AS job, %s::integer::boolean AS stale, %s::bigint AS ended, %s::jsonb AS outcomes,
+             %s::bigint AS completed, %s::float8 AS duration_sum, %s::float8 AS last_start,
+             %s::float8 AS last_success, %s::integer AS bad, %s::integer AS good, %s::bigint AS skips,
+             %s::integer AS in_a_row, %s::float8 AS last_refusal, %s::float8 AS last_overlap,
+             %s::jsonb AS skip_times, %s::integer AS w_runs, %s::float8 AS w_oldest, %s::integer AS w_flagged,
+             %s::integer AS w_completed, %s::jsonb AS w_outcomes, %s::jsonb AS w_durations, %s::float8 AS p50,
+             %s::float8 AS p95, %s::float8 AS w_max, %s::float8 AS w_last_success, %s::jsonb AS attempts,
+             %s::jsonb AS recent) v
+WHERE {s}.rollups.job = v.job AND {s}.rollups.ended = %s::bigint
+    AND coalesce({s}.rollups.last_start, '-Infinity') = coalesce(%s::float8, '-Infinity')
+    AND {s}.rollups.skips = %s::bigint
+    AND coalesce({s}.rollups.last_refusal, '-Infinity') = coalesce(%s::float8, '-Infinity')
+    AND coalesce({s}.rollups.last_overlap, '-Infinity') = coalesce(%s::float8, '-Infinity');
+
+-- name: prune_due --
+-- Retention's next step for one job, one statement: its oldest events
+-- before the cutoff (the job's retention bound), through events (job, kind,
+-- at) for each kind retention prunes ({pruned}), never an open run's; with
+-- them the finished runs whose `started` they are, and the sinks' dead
+-- letters and acknowledgments of them. Returns the runs and events deleted
+-- and the events chosen.
+WITH due AS (
+  SELECT e.seq, e.run_id, e.kind FROM {s}.events e
+  WHERE e.job = %s AND e.at < %s AND e.kind IN ({pruned})
+    AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL))
+  ORDER BY e.at, e.seq LIMIT %s
+), gone_runs AS (
+  DELETE FROM {s}.runs r USING due
+  WHERE due.kind = 'started' AND r.run_id = due.run_id AND r.outcome IS NOT NULL RETURNING 1
+), gone_letters AS (
+  DELETE FROM {s}.outbox_rejected o USING due WHERE o.seq = due.seq RETURNING 1
+), gone_acks AS (
+  DELETE FROM {s}.outbox_acks o USING due WHERE o.seq = due.seq RETURNING 1
+), gone AS (
+  DELETE FROM {s}.events e USING due WHERE e.seq = due.seq RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone_runs), (SELECT count(*) FROM gone), (SELECT count(*) FROM due);

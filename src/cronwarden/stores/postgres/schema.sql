@@ -125,3 +125,38 @@ CREATE TABLE {s}.slot_claims (
     claimed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (job, slot)
 );
+
+-- Each job's rollup (stores/rollup.py says what each column means): kept by
+-- the triggers of functions.sql in the transaction that writes the run or
+-- the event, so every writer keeps it (finish, an abandon, a refused start,
+-- record). The monitor reads all rows at once (rollups) instead of every
+-- job's window of the ledger.
+CREATE TABLE {s}.rollups (
+    job            text PRIMARY KEY,
+    stale          boolean NOT NULL DEFAULT false,
+    ended          bigint NOT NULL DEFAULT 0,
+    outcomes       jsonb NOT NULL DEFAULT '{}',
+    completed      bigint NOT NULL DEFAULT 0,
+    duration_sum   double precision NOT NULL DEFAULT 0,
+    last_start     double precision,
+    last_success   double precision,
+    bad_in_a_row   integer NOT NULL DEFAULT 0,
+    good_in_a_row  integer NOT NULL DEFAULT 0,
+    skips          bigint NOT NULL DEFAULT 0,
+    skips_in_a_row integer NOT NULL DEFAULT 0,
+    last_refusal   double precision,
+    last_overlap   double precision,
+    skip_times     jsonb NOT NULL DEFAULT '[]',  -- the latest 50 skipped times
+    recent         jsonb NOT NULL DEFAULT '[]',  -- the window: [start, end, outcome, flagged], oldest first
+    w_runs         integer NOT NULL DEFAULT 0,
+    w_oldest       double precision,
+    w_flagged      integer NOT NULL DEFAULT 0,
+    w_completed    integer NOT NULL DEFAULT 0,
+    w_outcomes     jsonb NOT NULL DEFAULT '{}',
+    w_durations    jsonb NOT NULL DEFAULT '[]',
+    p50            double precision,
+    p95            double precision,
+    w_max          double precision,
+    w_last_success double precision,
+    attempts       jsonb NOT NULL DEFAULT '[]'  -- the latest 16 attempts: [time, slot or null]
+);

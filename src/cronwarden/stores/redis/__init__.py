@@ -67,18 +67,23 @@ from cronwarden.lease import Lease, margin
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
     DEAD_LETTERS_KEPT,
+    KEEP_ALL,
     NEW_SINK_BACKFILL,
+    PRUNE_BUDGET,
     End,
     EventQuery,
     Finished,
     Granted,
     Holder,
     LeaseInfo,
+    Pruned,
     Refusal,
     Refused,
+    Retention,
     Start,
     Store,
     is_side_lease,
+    kept_kinds,
     side_lease_key,
 )
 
@@ -97,6 +102,8 @@ if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
     from redis.commands.core import Script
+
+    from cronwarden.stores.rollup import Rollup
 
 __all__ = [
     "DEFAULT_EVENTS_PER_JOB",
@@ -138,6 +145,7 @@ class RedisStore(Store):
         clock: Clock = SYSTEM_CLOCK,
         url: str | None = None,
         owns_client: bool = False,
+        retention: Retention = KEEP_ALL,
     ) -> None:
         if runs_per_job < 1 or events_per_job < 1:
             raise ValueError("runs_per_job and events_per_job must be at least 1")
@@ -150,6 +158,7 @@ class RedisStore(Store):
         self.address = f"{host}:{port}"
         self.url = url or f"redis://{self.address}/{kwargs.get('db', 0)}?prefix={prefix}"
         self.prefix = prefix
+        self.retention = retention
         self.runs_per_job = runs_per_job
         self.events_per_job = events_per_job
         self._timeout: float = kwargs.get("socket_timeout") or math.inf
@@ -159,6 +168,7 @@ class RedisStore(Store):
         self._k_open, self._k_runs, self._k_ev, self._k_ev_run = p + "open", p + "runs", p + "ev", p + "ev:r"
         self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
         self._k_job_counts = p + "jobs:n"
+        self._k_rollups = [p + "rollup", p + "rollup:d", p + "rollup:w"]
         self._scripts = Scripts(self._client, Limits.of(runs_per_job, events_per_job))
 
     @classmethod
@@ -174,6 +184,7 @@ class RedisStore(Store):
             clock=clock,
             url=mask_password(url),
             owns_client=True,
+            retention=settings.retention,
         )
 
     # -- plumbing ---------------------------------------------------------
@@ -236,7 +247,7 @@ class RedisStore(Store):
         """The keys of ``acquire`` and ``finish`` (see their scripts)."""
         p = self.prefix
         return [f"{p}lease:{key}", f"{p}live:{key}", self._k_open, self._k_runs, self._index(job), self._k_ev,
-                self._k_ev_run, self._k_job_counts]  # fmt: skip
+                self._k_ev_run, self._k_job_counts, *self._k_rollups]  # fmt: skip
 
     @staticmethod
     def _start_fields(start: Start) -> list[str]:
@@ -360,7 +371,7 @@ class RedisStore(Store):
     def record(self, event: Event) -> None:
         fields = self._record_fields(event)
         keys = [self._index(event.job), self._k_ev, self._k_ev_run, self._k_job_counts, self._k_runs,
-                f"{self.prefix}eid:{event.event_id}"]  # fmt: skip
+                f"{self.prefix}eid:{event.event_id}", *self._k_rollups]  # fmt: skip
         self._call(self._scripts.record, keys, [_packed(fields)])
 
     # -- the bare lock ----------------------------------------------------
@@ -487,6 +498,50 @@ class RedisStore(Store):
         [raw] = self._read(lambda pipe: pipe.hmget(self._k_ev, seqs))
         return [event(seq, rec) for seq, rec in zip(seqs, raw, strict=True) if rec is not None]
 
+    # -- retention --------------------------------------------------------
+
+    def prune(self, retention: Retention, now: float, *, jobs: Sequence[str] | None = None,
+              budget: int = PRUNE_BUDGET, dry_run: bool = False) -> Pruned:  # fmt: skip
+        if not retention.active:
+            return Pruned()
+        names = self._ledger_jobs() if jobs is None else list(jobs)
+        if not names:
+            return Pruned()
+        cutoff = "" if retention.max_age is None else ordhex(now - retention.max_age)
+        # One script per job (its keys declared), all in one round trip, the
+        # step's budget shared among them; a dry run looks at everything,
+        # which each job's caps bound.
+        each = self.runs_per_job + self.events_per_job if dry_run else max(8, budget // len(names))
+        kept = "," + ",".join(kept_kinds()) + ","
+        args = [cutoff, str(retention.keep_runs or 0), str(each), kept, "1" if dry_run else "0"]
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for job in names:
+                keys = [self._index(job), self._k_ev, self._k_ev_run, self._k_runs, self._k_open]
+                self._scripts.prune(keys=keys, args=args, client=pipe)
+            replies: list[Any] = pipe.execute()
+        except redis_errors.RedisError as e:
+            raise self._error(e) from None
+        runs = sum(int(r[0]) for r in replies)
+        events = sum(int(r[1]) for r in replies)
+        if events and not dry_run:
+            self._forget_dead_letters_of_pruned()
+        return Pruned(runs, events, done=not any(int(r[2]) for r in replies))
+
+    def _forget_dead_letters_of_pruned(self) -> None:
+        """Each sink's dead letters whose records retention deleted (at most
+        DEAD_LETTERS_KEPT per sink to look at); a repeat is harmless."""
+        [sinks] = self._read(lambda pipe: pipe.smembers(f"{self.prefix}outbox:rejected"))
+        for sink in sorted(sinks):
+            deadk = self._rejected_keys(sink)[0]
+            [seqs] = self._read(functools.partial(_zrange, deadk, 0, -1))
+            if not seqs:
+                continue
+            [raw] = self._read(functools.partial(_hmget, self._k_ev, seqs))
+            gone = [seq for seq, rec in zip(seqs, raw, strict=True) if rec is None]
+            if gone:
+                self._read(functools.partial(_zrem, deadk, gone))
+
     def _ledger_jobs(self) -> list[str]:
         """Jobs with a ledger: the keys of the per-job counters, and the set
         that earlier versions of this store kept instead (read, no longer
@@ -598,6 +653,50 @@ class RedisStore(Store):
         [raw] = self._read(lambda pipe: pipe.hget(self._k_jobs, name))
         return None if raw is None else JobInfo(**json.loads(raw))
 
+    # -- rollups -----------------------------------------------------------
+
+    def rollups(self) -> dict[str, Rollup] | None:
+        from cronwarden.stores.rollup import Rollup
+
+        summaries, durations = self._read(
+            lambda pipe: (pipe.hgetall(self._k_rollups[0]), pipe.hgetall(self._k_rollups[1]))
+        )
+        out = {}
+        for job in sorted(summaries):
+            fields = json.loads(summaries[job])
+            fields["skip_times"] = tuple(fields["skip_times"])
+            fields["attempts"] = json.dumps(fields.get("attempts", []))
+            out[job] = Rollup(job=job, w_durations=durations.get(job, "[]"), **fields)
+        return out
+
+    def _rollup_seen(self, job: str) -> str | None:
+        [seen] = self._read(lambda pipe: pipe.hget(self._k_rollups[0], job))
+        return None if seen is None else str(seen)
+
+    def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
+        from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold, summary_json
+
+        if jobs is None:
+            [known] = self._read(lambda pipe: pipe.hkeys(self._k_rollups[0]))
+            jobs = sorted(set(known) | set(self._ledger_jobs()))
+        for job in jobs:
+            for _ in range(20):
+                seen = self._rollup_seen(job)
+                runs = self.runs(job, 2**62)
+                ended = sorted((r for r in runs if r.outcome is not None),
+                               key=lambda r: (r.ended_at or 0.0, r.started_at, r.run_id))  # fmt: skip
+                events = self.events(
+                    EventQuery(job=job, kinds=ROLLUP_EVENT_KINDS, newest_first=False, limit=2**62)
+                )
+                rollup, recent = fold(job, runs, ended, events)
+                window = json.dumps([list(e) for e in recent])
+                args = [job, seen or "", summary_json(rollup), rollup.w_durations, window]
+                if self._call(self._scripts.save_rollup, self._k_rollups, args):
+                    break
+            else:
+                raise StoreError(f"the rollup of job {job!r} changed 20 times while being rebuilt")
+        return len(jobs)
+
     # -- the outbox -------------------------------------------------------
 
     def _outbox_keys(self, sink: str) -> list[str]:
@@ -692,3 +791,7 @@ def _zrange(key: str, start: int, stop: int, pipe: Pipeline) -> None:
 
 def _hmget(key: str, fields: list[str], pipe: Pipeline) -> None:
     pipe.hmget(key, fields)
+
+
+def _zrem(key: str, members: list[str], pipe: Pipeline) -> None:
+    pipe.zrem(key, *members)

@@ -1,10 +1,12 @@
--- with: limits, fence, ledger
+-- with: limits, fence, rollup, ledger
 -- Store.acquire: judge the lease by the server's clock, record an expired
 -- owner abandoned, grant with the next token, or act by the policy.
 -- KEYS: 1 lease, 2 live, 3 open runs, 4 finished runs, 5 job index, 6 event records,
---       7 run id index, 8 jobs -> events written, and for policy allow: 9 side lease, 10 side live
+--       7 run id index, 8 jobs -> events written, 9-11 rollups (rollup.lua), and for policy allow:
+--       12 side lease, 13 side live
 -- ARGV[1]: a JSON array of texts: 1-11 the start (read_start), 12 policy, 13 max_pending,
 --          14 a second event id, 15 side key
+ROLLUPS = {KEYS[9], KEYS[10], KEYS[11]}
 local a = cjson.decode(ARGV[1])
 local s = read_start(a, 1)
 local policy, eid2 = a[12], a[14]
@@ -59,7 +61,7 @@ if not live then
     redis.call('HSET', KEYS[4], owner, run_record(h[5] or s.job, s.key, h[6] or '?', h[7] or '0', h[2],
       h[9] or 'null', h[8] or s.at, ending))
     add_event(KEYS[5], eid2, 'abandoned', s.job, owner, s.at, s.athex,
-      '{"found_by":' .. jstr(s.run_id) .. '}', h[11] ~= '' and h[11] or nil)
+      '{"found_by":' .. jstr(s.run_id) .. '}', h[11] ~= '' and h[11] or nil, {h[8] or s.at, s.key})
     abandoned = owner
   end
   local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[5], h[2], h[3], s, true)
@@ -89,7 +91,7 @@ if policy == 'allow' then
   for k, v in pairs(s) do side[k] = v end
   side.key = a[15]
   local ms = now_ms()
-  start_run(KEYS[9], KEYS[10], KEYS[3], KEYS[5], side, '1',
+  start_run(KEYS[12], KEYS[13], KEYS[3], KEYS[5], side, '1',
     {'exp', string.format('%d', ms + tonumber(s.ttl_ms))}, true)
   add_event(KEYS[5], eid2, 'overlap', s.job, s.run_id, s.at, s.athex, data .. '}', 'new')
   flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])

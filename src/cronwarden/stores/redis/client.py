@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from cronwarden.durations import parse_duration
 from cronwarden.errors import StoreUrlError, UsageError
+from cronwarden.stores.base import KEEP_ALL, Retention, retention_of
 
 if TYPE_CHECKING:
     import redis
@@ -55,12 +56,13 @@ class Settings:
     socket_timeout: float
     connect_timeout: float
     tls: dict[str, Any] = field(default_factory=dict)
+    retention: Retention = KEEP_ALL
 
     @classmethod
     def parse(cls, url: str) -> Settings:
         """``redis://[[user]:password@]host[:port][/db][?params]``, or
         ``rediss://`` for TLS. Params: ``prefix``, ``runs_per_job``,
-        ``events_per_job``, ``socket_timeout``, ``connect_timeout``
+        ``events_per_job``, ``retention``, ``keep_runs``, ``socket_timeout``, ``connect_timeout``
         (durations such as ``3s``), and for TLS ``ssl_ca_certs`` and
         ``ssl_cert_reqs`` (none, optional, required). Raises
         ``StoreUrlError`` naming what is wrong."""
@@ -79,12 +81,18 @@ class Settings:
         prefix = params.pop("prefix", DEFAULT_PREFIX)
         if not prefix.isprintable():
             raise StoreUrlError(url, "prefix may not contain control characters")
+        if not prefix.strip():
+            raise StoreUrlError(url, "prefix must not be empty: the store's keys would be bare names like "
+                                "'runs' in a shared database; give e.g. prefix=cronwarden:")  # fmt: skip
+        if len(prefix) > 256:
+            raise StoreUrlError(url, f"prefix must be at most 256 characters, got {len(prefix)}")
         runs = _positive_int(url, params.pop("runs_per_job", None), "runs_per_job", DEFAULT_RUNS_PER_JOB)
         events = _positive_int(
             url, params.pop("events_per_job", None), "events_per_job", DEFAULT_EVENTS_PER_JOB
         )
         socket_timeout = _timeout(url, params.pop("socket_timeout", None), "socket_timeout")
         connect_timeout = _timeout(url, params.pop("connect_timeout", None), "connect_timeout")
+        retention = retention_of(url, params)
         tls: dict[str, Any] = {}
         if scheme == "rediss":
             tls["ssl"] = True
@@ -109,6 +117,7 @@ class Settings:
             socket_timeout=socket_timeout,
             connect_timeout=connect_timeout,
             tls=tls,
+            retention=retention,
         )
 
     def client(self) -> redis.Redis:

@@ -1,11 +1,13 @@
--- with: limits, fence, ledger
+-- with: limits, fence, rollup, ledger
 -- Store.finish: the terminal record, the release, or the hand-over to the
 -- queued start `then` with the next token.
 -- KEYS: 1 lease, 2 live, 3 open runs, 4 finished runs, 5 job index, 6 event records,
---       7 run id index, 8 jobs -> events written, and with then: 9 then's job index
+--       7 run id index, 8 jobs -> events written, 9-11 rollups (rollup.lua), and with then:
+--       12 then's job index
 -- ARGV[1]: a JSON array of texts: 1 run id, 2 job, 3 key, 4 the terminal event's kind, 5 the end of
 --          the run record, 6 at, 7 athex, 8 the event's data without its closing brace, 9 its event id,
 --          10 '1' for a side lease, and with then: 11-21 then's start (read_start)
+ROLLUPS = {KEYS[9], KEYS[10], KEYS[11]}
 local a = cjson.decode(ARGV[1])
 local run_id, job, at = a[1], a[2], a[6]
 local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'srv', 'pending', 'job', 'host', 'pid', 'started',
@@ -30,7 +32,7 @@ if redis.call('HDEL', KEYS[3], run_id) == 1 then
     h[9] or 'null', h[8] or at, a[5]))
   add_event(KEYS[5], a[9], a[4], job, run_id, at, a[7],
     a[8] .. ',"duration":' .. string.format('%.6f', tonumber(at) - tonumber(h[8] or at)) .. '}',
-    h[10] ~= '' and h[10] or nil)
+    h[10] ~= '' and h[10] or nil, {h[8] or at, a[3]})
   recorded = 1
 end
 if a[10] == '1' then
@@ -40,7 +42,7 @@ if a[10] == '1' then
 end
 if a[11] and tonumber(h[4] or '0') > 0 then
   redis.call('HINCRBY', KEYS[1], 'pending', -1)
-  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[9], h[2], h[3], read_start(a, 11))
+  local ts = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[12], h[2], h[3], read_start(a, 11))
   flush(KEYS[6], KEYS[7], KEYS[8], KEYS[4])
   return {1, recorded, ts}
 end

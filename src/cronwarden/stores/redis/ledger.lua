@@ -1,5 +1,5 @@
 -- Shared by the scripts that write the ledger (acquire, finish, record):
--- retention, the event writes collected and flushed once per script, and a
+-- retention, the rollups (rollup.lua, before this part), the event writes collected and flushed once per script, and a
 -- run's start. The limits (RUNS_MAX, EVENTS_MAX, RUNS_BATCH, EVENTS_BATCH,
 -- CHECK) are defined before it.
 --
@@ -79,8 +79,9 @@ end
 -- HSET). A string: that field's value so far (kept in the lease hash as
 -- 'rseq' while the run is open), to which the seq is appended. nil: an
 -- entry in the run id index (events recorded later by other calls).
-local function add_event(index, eid, kind, job, run_id, at, athex, data, link)
-  EVENTS[#EVENTS + 1] = {index, eid, kind, job, run_id, at, athex, data, link}
+-- ends: for a terminal event, {the run's start, its lease key} (the rollup's).
+local function add_event(index, eid, kind, job, run_id, at, athex, data, link, ends)
+  EVENTS[#EVENTS + 1] = {index, eid, kind, job, run_id, at, athex, data, link, ends}
 end
 
 -- The lease hash write of a grant, done by flush once the seqs are known.
@@ -132,6 +133,7 @@ local function flush(evk, runk, jobsk, runsk)
     redis.call('HSET', unpack(LEASE))
   end
   for index, list in pairs(MEMBERS) do redis.call('ZADD', index, unpack(list)) end
+  rollup_apply(EVENTS)
   for job, c in pairs(per_job) do
     local total = redis.call('HINCRBY', jobsk, job, c[2])
     if math.floor(total / CHECK) ~= math.floor((total - c[2]) / CHECK) then

@@ -1,10 +1,12 @@
--- with: limits, ledger
+-- with: limits, rollup, ledger
 -- Store.record: one event, once per event id.
 -- KEYS: 1 job index, 2 event records, 3 run id index, 4 jobs -> events written, 5 finished runs,
---       6 the event id's mark (recorded ids are remembered, so that a retried record is a no-op)
+--       6 the event id's mark (recorded ids are remembered, so that a retried record is a no-op),
+--       7-9 rollups (rollup.lua)
 -- ARGV[1]: a JSON array of texts: 1 event id, 2 kind, 3 job, 4 run id ('' for none), 5 at, 6 athex,
 --          7 data, 8 how long the mark is kept, ms
 if redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
+ROLLUPS = {KEYS[7], KEYS[8], KEYS[9]}
 local a = cjson.decode(ARGV[1])
 local run_id = a[4] ~= '' and a[4] or false
 add_event(KEYS[1], a[1], a[2], a[3], run_id, a[5], a[6], a[7])

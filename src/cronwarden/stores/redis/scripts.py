@@ -90,3 +90,5 @@ class Scripts:
         self.renew_lock = register("renew_lock")
         self.unlock = register("unlock")
         self.claim_slot = register("claim_slot")
+        self.save_rollup = register("save_rollup")
+        self.prune = register("prune")

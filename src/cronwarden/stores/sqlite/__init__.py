@@ -42,7 +42,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
@@ -52,6 +52,7 @@ from cronwarden.lease import Lease
 from cronwarden.policy import Policy
 from cronwarden.stores.base import (
     DEAD_LETTERS_KEPT,
+    KEEP_ALL,
     NEW_SINK_BACKFILL,
     End,
     Finished,
@@ -60,12 +61,18 @@ from cronwarden.stores.base import (
     LeaseInfo,
     Refusal,
     Refused,
+    Retention,
     Start,
     holder_data,
     is_side_lease,
+    pruned_kinds_sql,
+    retention_of,
     side_lease_key,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
+
+if TYPE_CHECKING:
+    from cronwarden.stores.rollup import Entry, Rollup
 
 T = TypeVar("T")
 
@@ -132,9 +139,11 @@ class SqliteStore(SqlStore):
         clock: Clock = SYSTEM_CLOCK,
         synchronous: str = "FULL",
         busy_timeout: float = 5.0,
+        retention: Retention = KEEP_ALL,
     ) -> None:
         self.path = os.fspath(path)
         self.url = f"sqlite:///{self.path}"
+        self.retention = retention
         self._clock = clock
         self._busy_ms = int(busy_timeout * 1000)
         self._lock = threading.Lock()
@@ -219,9 +228,10 @@ class SqliteStore(SqlStore):
         if sync not in ("FULL", "NORMAL", "EXTRA"):
             raise StoreUrlError(url, f"synchronous must be full, normal or extra, got {sync.lower()!r}")
         busy = parse_duration(params.pop("busy_timeout", "5s"), what="busy_timeout")
+        retention = retention_of(url, params)
         if params:
             raise StoreUrlError(url, f"unknown parameter(s) {', '.join(sorted(params))}")
-        return cls(path, clock=clock, synchronous=sync, busy_timeout=busy)
+        return cls(path, clock=clock, synchronous=sync, busy_timeout=busy, retention=retention)
 
     # -- plumbing ---------------------------------------------------------
 
@@ -280,9 +290,28 @@ class SqliteStore(SqlStore):
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         return self._read(lambda db: db.execute(sql, args).fetchall())
 
-    def _write(self, sql: str, args: Sequence[Any]) -> None:
+    def _write(self, sql: str, args: Sequence[Any]) -> int:
         with self._tx() as db:
-            db.execute(sql, args)
+            return db.execute(sql, args).rowcount
+
+    def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
+        from cronwarden.stores.rollup import ROLLUP_RUNS, row_of
+
+        row = row_of(rollup, recent)[:-1]  # the window is rows of its own here
+        q = self._q
+        with self._tx() as db:
+            if seen is None:
+                written = db.execute(q["insert_rollup"], row).rowcount
+            else:
+                written = db.execute(q["update_rollup"], (*row, *seen)).rowcount
+            if written != 1:
+                return False
+            db.execute(q["forget_window"], (rollup.job,))
+            first = rollup.ended - len(recent)
+            db.executemany(q["insert_window"], [
+                (rollup.job, (first + k) % ROLLUP_RUNS, *e) for k, e in enumerate(recent)
+            ])  # fmt: skip
+            return True
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
         data: Mapping[str, Any] = json.loads(raw)
@@ -629,12 +658,32 @@ class SqliteStore(SqlStore):
         db.execute(q["register_sink"], (sink, mark, now))
         return mark
 
+    # -- retention --------------------------------------------------------
+
+    def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
+        q = self._q
+        sql, args = q["prune_due"].replace("{pruned}", pruned_kinds_sql()), (job, bound, limit)
+        with self._tx() as db:
+            rows = db.execute(sql, args).fetchall()
+            seqs = [int(seq) for seq, _, _ in rows]
+            started = [run_id for _, run_id, kind in rows if kind == "started" and run_id]
+            runs = events = 0
+            for chunk in _chunks(started):
+                marks = ",".join("?" * len(chunk))
+                runs += db.execute(q["prune_runs"].replace("{ids}", marks), chunk).rowcount
+            for chunk in _chunks(seqs):
+                marks = ",".join("?" * len(chunk))
+                events += db.execute(q["prune_events"].replace("{ids}", marks), chunk).rowcount
+                db.execute(q["prune_dead_letters"].replace("{ids}", marks), chunk)
+                db.execute(q["prune_acks_of"].replace("{ids}", marks), chunk)
+        return runs, events, len(rows)
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
 
-def _chunks(ids: list[str]) -> Iterator[list[str]]:
+def _chunks(ids: list[T]) -> Iterator[list[T]]:
     """``ids`` in pieces of at most ``ACK_CHUNK``, one ``IN (…)`` each."""
     for i in range(0, len(ids), ACK_CHUNK):
         yield ids[i : i + ACK_CHUNK]
@@ -740,6 +789,8 @@ def _store_error(path: str, e: sqlite3.Error) -> StoreError:
     text = str(e)
     if "locked" in text or "busy" in text:
         return StoreUnavailable(f"SQLite store {path} is locked by another process ({text})")
+    if "no such table" in text or "no such column" in text:
+        return StoreError(f"{path} is not a usable cronwarden store: its schema is damaged ({text})")
     if "not a database" in text or "malformed" in text or "corrupt" in text:
         return StoreError(f"{path} is not a usable cronwarden SQLite database ({text})")
     if "readonly" in text or "unable to open" in text:

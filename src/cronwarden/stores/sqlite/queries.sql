@@ -182,3 +182,57 @@ WHERE sink = ? AND seq IN (SELECT seq FROM events WHERE event_id IN ({ids}));
 SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'
 ORDER BY name
 LIMIT 4;
+
+-- name: insert_rollup --
+-- A rebuilt rollup (Store.rebuild_rollups) of a job that had no row when the
+-- rebuild began; no row changes if one appeared since (the rebuild reads
+-- that job again).
+INSERT INTO rollups (job, stale, ended, outcomes, completed, duration_sum, last_start, last_success,
+    bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, skip_times, w_runs,
+    w_oldest, w_flagged, w_completed, w_outcomes, w_durations, p50, p95, w_max, w_last_success, attempts)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (job) DO NOTHING;
+
+-- name: update_rollup --
+-- A rebuilt rollup over the row the rebuild saw before it read the ledger
+-- (?27-?31, its rollup_version): no row changes if a run started or ended,
+-- or a refusal was recorded, since.
+UPDATE rollups SET stale = ?2, ended = ?3, outcomes = ?4, completed = ?5, duration_sum = ?6,
+    last_start = ?7, last_success = ?8, bad_in_a_row = ?9, good_in_a_row = ?10, skips = ?11,
+    skips_in_a_row = ?12, last_refusal = ?13, last_overlap = ?14, skip_times = ?15, w_runs = ?16,
+    w_oldest = ?17, w_flagged = ?18, w_completed = ?19, w_outcomes = ?20, w_durations = ?21, p50 = ?22,
+    p95 = ?23, w_max = ?24, w_last_success = ?25, attempts = ?26
+WHERE job = ?1 AND ended IS ?27 AND last_start IS ?28 AND skips IS ?29 AND last_refusal IS ?30
+    AND last_overlap IS ?31;
+
+-- name: forget_window --
+-- A rebuilt rollup's window replaces the job's.
+DELETE FROM rollup_window WHERE job = ?;
+
+-- name: insert_window --
+INSERT INTO rollup_window (job, place, started_at, ended_at, outcome, flagged) VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: prune_due --
+-- Retention's next step for one job: its oldest events before the cutoff
+-- (the job's retention bound), through events (job, at), but only of the
+-- kinds retention prunes ({pruned}), never an open run's, never the newest
+-- event (see the trigger events_keep_newest).
+SELECT e.seq, e.run_id, e.kind FROM events e
+WHERE e.job = ? AND e.at < ? AND e.kind IN ({pruned})
+  AND e.seq < (SELECT max(seq) FROM events)
+  AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM runs WHERE outcome IS NULL))
+ORDER BY e.at, e.seq LIMIT ?;
+
+-- name: prune_runs --
+-- The finished runs whose `started` a step deletes ({ids}: run ids).
+DELETE FROM runs WHERE run_id IN ({ids}) AND outcome IS NOT NULL;
+
+-- name: prune_events --
+DELETE FROM events WHERE seq IN ({ids});
+
+-- name: prune_dead_letters --
+-- Each sink's dead letters and acknowledgments of the deleted events.
+DELETE FROM outbox_rejected WHERE seq IN ({ids});
+
+-- name: prune_acks_of --
+DELETE FROM outbox_acks WHERE seq IN ({ids});
