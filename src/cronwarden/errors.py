@@ -17,6 +17,11 @@ class UsageError(CronwardenError):
     exit_code = 2
 
 
+class UnknownOption(UsageError, TypeError):
+    """A keyword a function does not take (a ``TypeError``, as Python's own
+    is), named with the nearest one it does take."""
+
+
 class StoreError(CronwardenError):
     """The store is not usable as configured: a corrupt or unreadable file, a
     database on a network filesystem, a schema newer than this version."""

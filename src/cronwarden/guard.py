@@ -11,13 +11,13 @@ child process in ``supervisor``) → ``Guard.end`` → ``Store.finish``
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, Protocol, TypeVar, overload
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config.settings import DEFAULT_MAX_PENDING, DEFAULT_REPLACE_GRACE, DEFAULT_TTL, check_name
@@ -30,9 +30,10 @@ from cronwarden.errors import (
     StoreError,
     StoreUnavailable,
     TimedOut,
+    UnknownOption,
     UsageError,
 )
-from cronwarden.events import Outcome, new_id
+from cronwarden.events import JobInfo, Outcome, new_id
 from cronwarden.lease import Heartbeat, HeartbeatThread, Lease, belief
 from cronwarden.local import Marker, dead_runs, mark, runtime_dir
 from cronwarden.policy import Policy
@@ -48,8 +49,15 @@ from cronwarden.stores.base import (
     abandon_expired,
 )
 
+if TYPE_CHECKING:
+    import asyncio
+    import logging
+
+    from cronwarden.schedule import Schedule
+
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 def this_host() -> str:
@@ -64,19 +72,31 @@ def this_host() -> str:
 
 
 class Options:
-    """How one job is guarded: validated when made, and immutable (``replace``
-    makes a validated copy). Durations are seconds, or text like ``"2m"``.
-    Defaults are the config's (``cronwarden.config.settings``)."""
+    """How one job is guarded, and what it declares about itself: validated
+    when made, and immutable (``replace`` makes a validated copy). Durations
+    are seconds, or text like ``"2m"``. Defaults are the config's
+    (``cronwarden.config.settings``).
+
+    ``every`` or ``schedule`` (a cron expression, in ``timezone``), ``reason``
+    and ``grace`` say what the job is, as ``cronwarden run``'s flags do: the
+    guard saves them in the store, so ``audit`` and the monitor judge a
+    library job as they judge a command-line one, and a scheduled job's runs
+    record the slot they serve."""
 
     __slots__ = (
         "allow_unpartitioned",
+        "every",
+        "grace",
         "max_pending",
         "max_runtime",
         "policy",
+        "reason",
         "renew_every",
         "replace_grace",
+        "schedule",
         "shard",
         "slot",
+        "timezone",
         "ttl",
     )
     ttl: float
@@ -88,6 +108,11 @@ class Options:
     replace_grace: float
     allow_unpartitioned: bool
     slot: float | None
+    every: float | None
+    schedule: str | None
+    timezone: str | None
+    reason: str
+    grace: float | None
 
     def __init__(
         self,
@@ -101,6 +126,11 @@ class Options:
         replace_grace: float | str = DEFAULT_REPLACE_GRACE,
         allow_unpartitioned: bool = False,
         slot: float | None = None,
+        every: float | str | None = None,
+        schedule: str | None = None,
+        timezone: str | None = None,
+        reason: str = "",
+        grace: float | str | None = None,
     ) -> None:
         if not isinstance(policy, str):
             raise UsageError(f"policy must be one of {', '.join(p.value for p in Policy)}, got {policy!r}")
@@ -108,6 +138,13 @@ class Options:
             raise UsageError(f"shard must be a name like 'eu', got {shard!r}")
         if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int | float)):
             raise UsageError(f"slot must be a time in epoch seconds, got {slot!r}")
+        for name, text in (("schedule", schedule), ("timezone", timezone)):
+            if text is not None and (not isinstance(text, str) or not text.strip()):
+                raise UsageError(f"{name} must be text like {_EXAMPLES[name]}, got {text!r}")
+        if not isinstance(reason, str) or "\n" in reason.strip():
+            raise UsageError(
+                f"reason must be one sentence on one line saying why this policy, got {reason!r}"
+            )
         values = {
             "ttl": _seconds(ttl, "ttl"),
             "policy": policy if isinstance(policy, Policy) else Policy.parse(policy),
@@ -118,6 +155,11 @@ class Options:
             "replace_grace": _seconds(replace_grace, "replace_grace"),
             "allow_unpartitioned": allow_unpartitioned,
             "slot": slot,
+            "every": None if every is None else _seconds(every, "every"),
+            "schedule": None if schedule is None else schedule.strip(),
+            "timezone": None if timezone is None else timezone.strip(),
+            "reason": reason.strip(),
+            "grace": None if grace is None else _seconds(grace, "grace"),
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -144,11 +186,42 @@ class Options:
             raise UsageError(f"replace grace must not be negative, got {self.replace_grace:g}s")
         if self.shard is not None:
             check_name(self.shard, "shard")
+        if self.every is not None and self.every <= 0:
+            raise UsageError(f"every must be greater than zero, got {self.every:g}s")
+        if self.grace is not None and self.grace < 0:
+            raise UsageError(f"grace must not be negative, got {self.grace:g}s")
+        if self.every is not None and self.schedule is not None:
+            raise UsageError("give every (a period like '10m') or schedule (a cron expression), not both")
+        if self.timezone is not None and self.schedule is None:
+            raise UsageError("timezone applies to a cron schedule; give schedule='CRON' too")
+        if self.schedule is not None:
+            _schedule(None, self.schedule, self.timezone)  # the expression and the zone
         if self.policy is Policy.ALLOW and self.shard is None and not self.allow_unpartitioned:
             raise UsageError(
                 "policy allow needs a partition: give --shard KEY, or set allow_unpartitioned = true "
                 "with a reason if overlapping runs are really safe"
             )
+
+    def declares(self) -> bool:
+        """Whether these options say anything about the job beyond the
+        defaults (as ``cronwarden run`` decides whether to save a job)."""
+        return bool(
+            self.every is not None or self.schedule is not None or self.reason
+            or self.policy is not Policy.SKIP or self.grace is not None
+            or self.max_runtime is not None or self.ttl != DEFAULT_TTL
+        )  # fmt: skip
+
+    def job_info(self, job: str, now: float) -> JobInfo:
+        """What the store keeps of ``job`` as these options declare it."""
+        sched = _schedule(self.every, self.schedule, self.timezone)
+        text = None if sched is None else sched.text
+        if self.schedule is not None and self.timezone:
+            text = f"CRON_TZ={self.timezone} {self.schedule}"
+        return JobInfo(
+            name=job, schedule=text, period=None if sched is None else sched.period(now),
+            policy=self.policy.value, reason=self.reason, ttl=self.ttl, grace=self.grace,
+            max_runtime=self.max_runtime, updated_at=now,
+        )  # fmt: skip
 
     @property
     def kill_grace(self) -> float:
@@ -182,6 +255,23 @@ class Options:
 
 def _options_from(fields: dict[str, Any]) -> Options:
     return Options(**fields)
+
+
+_EXAMPLES = {"schedule": "'*/10 * * * *'", "timezone": "'Europe/Berlin'"}
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(every: float | None, cron: str | None, tz: str | None) -> Schedule | None:
+    """The job's schedule, made once per declaration (cronsim is imported
+    only for a cron expression)."""
+    if every is None and cron is None:
+        return None
+    from cronwarden.schedule import Schedule
+
+    if every is not None:
+        return Schedule(text=f"every {format_duration(every)}", every=every)
+    assert cron is not None
+    return Schedule.cron_(cron, tz)
 
 
 def _seconds(value: float | str, what: str) -> float:
@@ -252,12 +342,33 @@ class Run:
             return LeaseLost(self.lease.key, "no renewal succeeded before the deadline")
         return None
 
-    def check(self) -> None:
+    def check(self) -> Checked:
         """Raise ``LeaseLost`` (or ``LeaseRevoked``/``TimedOut``) if this run
-        must stop. Call it between units of work."""
+        must stop. Call it between units of work. It checks when called; in a
+        coroutine ``await run.check()`` reads the same (and does not yield)."""
         why = self.lost_reason()
         if why is not None:
             raise why
+        return CHECKED
+
+    def log_extra(self) -> dict[str, object]:
+        """The run's structured fields, for ``logger.info(..., extra=...)``:
+        the ones cronwarden's own log records carry."""
+        return {"job": self.job, "run_id": self.run_id, "token": self.token}
+
+
+class Checked:
+    """What ``Run.check`` returns when the run may go on: awaitable, so a
+    coroutine may write ``await run.check()``."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield  # a generator that yields nothing: awaiting it does not suspend
+
+
+CHECKED = Checked()
 
 
 class Ending(NamedTuple):
@@ -282,6 +393,9 @@ class Guard:
         self.key = job if options.shard is None else f"{job}:{options.shard}"
         self._run: Run | None = None
         """The run of the with block, between __enter__ and __exit__."""
+        self._watch: Watch | None = None
+        """The async with block's watch, which cancels its task when the run
+        must stop."""
 
     # -- acquiring --------------------------------------------------------
 
@@ -292,15 +406,22 @@ class Guard:
         # skip. The store's allow (side lease + overlap) is for unpartitioned
         # jobs only.
         policy = Policy.SKIP if o.policy is Policy.ALLOW and o.shard is not None else o.policy
+        at = self.clock.wall()
+        slot = o.slot
+        if slot is None and (o.every is not None or o.schedule is not None):
+            schedule = _schedule(o.every, o.schedule, o.timezone)
+            assert schedule is not None
+            slot = schedule.slot(at)  # the fire time this start serves, as cronwarden run records it
         return Start(
             job=self.job, key=self.key, run_id=run_id or new_id(), host=self.warden.host,
-            pid=os.getpid(), ttl=o.ttl, at=self.clock.wall(), policy=policy, slot=o.slot,
-            max_pending=o.max_pending,
+            pid=os.getpid(), ttl=o.ttl, at=at, policy=policy, slot=slot, max_pending=o.max_pending,
         )  # fmt: skip
 
     def acquire(self) -> Run | Refused:
         """Try to start a run: the run, or the store's refusal (already
         recorded in the ledger, with the holder)."""
+        if self.options.declares():
+            self.warden.declare(self.job, self.options)
         start = self._start()
         sharded_or_allow = self.key != self.job or self.options.policy is Policy.ALLOW
         swept = self._close_dead_here(start)
@@ -389,6 +510,11 @@ class Guard:
         run = Run(self, lease, hb, sent, abandoned=granted.abandoned, overlapped=granted.overlapped,
                   marker=marker)  # fmt: skip
         hb.start(lease.key)
+        logger = log()
+        if logger is not None:
+            logger.debug(
+                "%s run %s started (token %d)", self.job, run.run_id, run.token, extra=run.log_extra()
+            )
         return run
 
     # -- ending -----------------------------------------------------------
@@ -400,11 +526,14 @@ class Guard:
         *,
         exit_code: int | None = None,
         stopped_by: LeaseLost | None = None,
+        interrupted: str | None = None,
     ) -> End:
         """Judge how the run ended. Lease trouble outranks the work's own
         result: work finished without a believed lease is not a success.
         ``exit_code`` and ``stopped_by`` come from a supervisor: the child's
-        exit status, and why it had to stop the child, if it did."""
+        exit status, and why it had to stop the child, if it did.
+        ``interrupted`` says who told the work to stop from outside (a
+        cancelled task): recorded ``interrupted``, not ``failed``."""
         why = stopped_by or run.lost_reason()
         if why is None and isinstance(error, LeaseLost):
             why = error
@@ -416,6 +545,8 @@ class Guard:
             return End(outcome=Outcome.TIMED_OUT, at=at, exit_code=exit_code, detail=str(why))
         if why is not None:
             return End(outcome=Outcome.LEASE_LOST, at=at, exit_code=exit_code, detail=str(why))
+        if interrupted is not None:
+            return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=interrupted[:500])
         if isinstance(error, Interrupted):
             return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=str(error)[:500])
         if isinstance(error, KeyboardInterrupt):  # Ctrl-C in a with block or a decorated function
@@ -435,6 +566,7 @@ class Guard:
         *,
         exit_code: int | None = None,
         stopped_by: LeaseLost | None = None,
+        interrupted: str | None = None,
         again: bool = False,
     ) -> Ending:
         """Record the terminal outcome and release. With ``again`` (policy
@@ -442,7 +574,7 @@ class Guard:
         step, and return it in ``Ending.next``."""
         # Judge first: stopping the heartbeat may wait for a renewal in flight,
         # and the outcome is how the run stood when its work ended.
-        end = self.outcome(run, error, exit_code=exit_code, stopped_by=stopped_by)
+        end = self.outcome(run, error, exit_code=exit_code, stopped_by=stopped_by, interrupted=interrupted)
         run.heartbeat.stop()
         # A pending start asked for a run after this one; the work failing
         # does not cancel that request. Lease trouble does: this process no
@@ -456,6 +588,12 @@ class Guard:
                 run.marker.release()
             else:  # unrecorded: once this process is gone, the next start here records abandoned
                 run.marker.close()
+        logger = log()
+        if logger is not None:
+            level = _LEVELS.get(end.outcome, _LEVELS_DEFAULT)
+            extra = {**run.log_extra(), "outcome": end.outcome.value}
+            said = f": {end.detail}" if end.detail else ""
+            logger.log(level, "%s run %s %s%s", self.job, run.run_id, end.outcome.value, said, extra=extra)
         nxt = None
         if finished is not None and finished.next is not None:
             nxt = self._begin(Granted(lease=finished.next), sent)
@@ -475,8 +613,10 @@ class Guard:
                 if give_up is None:
                     give_up = now + max(self.options.ttl, 5.0)
                 if now + delay >= give_up:
-                    print(f"cronwarden: could not record the end of run {lease.run_id}: {e}",
-                          file=sys.stderr)  # fmt: skip
+                    extra = {"job": lease.job, "run_id": lease.run_id, "token": lease.token}
+                    cronwarden_logger().error(
+                        "could not record the end of run %s: %s", lease.run_id, e, extra=extra
+                    )
                     return None
                 self.clock.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -502,6 +642,49 @@ class Guard:
         run, self._run = self._run, None
         if run is not None:
             self.end(run, exc)
+
+    # -- the async with statement ----------------------------------------
+    # Store calls in a worker thread, and the block's task cancelled when the
+    # run must stop (the asyncio section below).
+
+    async def __aenter__(self) -> Run:
+        run, self._watch = await _aenter(self)
+        self._run = run
+        return run
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        run, self._run = self._run, None
+        watch, self._watch = self._watch, None
+        if run is not None and watch is not None:
+            await _aleave(self, run, watch, exc)
+
+
+_LEVELS = {Outcome.SUCCEEDED: 10, Outcome.FAILED: 20, Outcome.INTERRUPTED: 20, Outcome.ABANDONED: 20}
+"""Log level of each run's end (logging.DEBUG, INFO; WARNING for the rest):
+a failure is the work's own exception, which its caller sees; lease trouble
+is cronwarden's to tell."""
+
+_LEVELS_DEFAULT = 30
+
+
+def log() -> logging.Logger | None:
+    """The library's logger, ``cronwarden``; None when nothing in this
+    process imported ``logging``. Such a process has no handler for the
+    records, and importing logging would cost every ``cronwarden run`` tick
+    ~10 ms (the command line prints its own lines). An application that
+    configures logging has imported it."""
+    import sys
+
+    return cronwarden_logger() if "logging" in sys.modules else None
+
+
+def cronwarden_logger() -> logging.Logger:
+    """The library's logger, importing logging: for what must be told."""
+    import logging
+
+    return logging.getLogger("cronwarden")
 
 
 class Warden:
@@ -529,6 +712,10 @@ class Warden:
         self._options: dict[tuple[tuple[str, Any], ...], Options] = {}
         """Validated options by the keywords that made them: a job guarded in
         a loop is validated once."""
+        self._declared: dict[str, JobInfo] = {}
+        """What this warden last saved (or found saved) of each job: a job
+        guarded in a loop asks the store once, and writes only after a change."""
+        self._declare_lock = threading.Lock()
         if store is None or isinstance(store, str):
             from cronwarden.stores import open_store, resolve_url
 
@@ -547,11 +734,14 @@ class Warden:
         return self._runtime_dir
 
     def guard(self, job: str, **options: Any) -> Guard:
-        """``with warden.guard("reconcile", ttl=120) as run: ...``
+        """``with warden.guard("reconcile", ttl=120) as run: ...``, or
+        ``async with`` in a coroutine.
 
-        Options are those of ``Options`` (ttl, policy, shard, renew_every,
-        max_runtime, max_pending, replace_grace, allow_unpartitioned, slot).
-        A refused start is recorded and raises ``NotStarted``.
+        Options are those of ``Options``: how the job is guarded (ttl, policy,
+        shard, renew_every, max_runtime, max_pending, replace_grace,
+        allow_unpartitioned, slot) and what it is (every or schedule,
+        timezone, reason, grace), saved in the store for ``audit`` and the
+        monitor. A refused start is recorded and raises ``NotStarted``.
         """
         key = tuple(options.items())
         try:
@@ -565,28 +755,39 @@ class Warden:
             self._options[key] = opts
         return Guard(self, job, opts)
 
-    def job(
-        self, name: str | None = None, **options: Any
-    ) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+    def job(self, name: str | None = None, **options: Any) -> JobDecorator:
         """Decorator: the function runs under the job's lease; a refused start
-        is recorded, reported on stderr, and returns None. With policy queue
-        the function runs again while starts are pending."""
+        is recorded, logged, and returns None. With policy queue the function
+        runs again while starts are pending. An ``async def`` is guarded in
+        its event loop (``cronwarden.aio``): calling it returns a coroutine
+        that takes the lease when awaited. Options are ``guard``'s."""
         opts = _options(options)
 
-        def wrap(fn: Callable[P, R]) -> Callable[P, R | None]:
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
             job_name = name or fn.__name__
+            import inspect
 
-            def guarded(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+                raise UsageError(
+                    f"@warden.job cannot guard {job_name!r}: it is a generator, whose work runs after "
+                    "the call returns; guard the loop that consumes it instead (with warden.guard(...))"
+                )
+            if inspect.iscoroutinefunction(fn):
+                return _guard_coroutine_function(self, lambda: Guard(self, job_name, opts), fn)
+
+            def guarded(*args: Any, **kwargs: Any) -> Any:
                 guard = Guard(self, job_name, opts)
                 started = guard.acquire()
                 if isinstance(started, Refused):
                     self.report_refusal(job_name, started)
                     return None
                 run: Run | None = started
-                result: R | None = None
+                result: Any = None
                 while run is not None:
                     try:
                         result = fn(*args, **kwargs)
+                        if hasattr(result, "__await__"):
+                            _refuse_awaitable(job_name, result)
                     except BaseException as e:
                         guard.end(run, e)
                         raise
@@ -595,13 +796,39 @@ class Warden:
 
             guarded.__name__ = getattr(fn, "__name__", job_name)
             guarded.__doc__ = fn.__doc__
+            guarded.__wrapped__ = fn  # type: ignore[attr-defined]
             return guarded
 
         return wrap
 
+    def declare(self, job: str, options: Options) -> None:
+        """Save what ``options`` declare of ``job`` (schedule, policy, reason,
+        …) in the store, as ``cronwarden run`` does for its flags and config,
+        so ``audit`` and the monitor know the job. Asks the store once per job
+        and warden, and writes only when the declaration changed."""
+        now = self.clock.wall()
+        info = options.job_info(job, now)
+        with self._declare_lock:
+            last = self._declared.get(job)
+            if last is not None and last._replace(updated_at=now) == info:
+                return
+            known = self.store.job(job) if last is None else last
+            if known is None or known._replace(updated_at=now) != info:
+                self.store.save_job(info)
+                known = info
+            self._declared[job] = known
+
     def report_refusal(self, job: str, refused: Refused) -> None:
+        """Log a refused start (it is already in the ledger) at INFO, with
+        the job, the refusal and the holder as fields."""
         if not self.quiet:
-            print(describe_refusal(job, refused, self.clock.wall()), file=sys.stderr)
+            h = refused.holder
+            logger = log()
+            if logger is None:
+                return
+            logger.info(describe_refusal(job, refused, self.clock.wall()).removeprefix("cronwarden: "),
+                       extra={"job": job, "refusal": refused.refusal.value, "holder_run_id": h.run_id,
+                              "holder_host": h.host, "holder_pid": h.pid})  # fmt: skip
 
     def close(self) -> None:
         self.heartbeats.close()
@@ -623,8 +850,265 @@ def _options(options: dict[str, Any]) -> Options:
         close = difflib.get_close_matches(unknown[0], Options.__slots__, n=1)
         known = ", ".join(sorted(Options.__slots__))
         hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of {known}"
-        raise UsageError(f"unknown guard option {unknown[0]!r}{hint}")
+        raise UnknownOption(f"unknown guard option {unknown[0]!r}{hint}")
     return Options(**options)
+
+
+def _refuse_awaitable(job: str, result: object) -> None:
+    """A plain function that returned an awaitable (a coroutine, a task):
+    its work would run after the lease is released. Refuse it loudly."""
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()  # never awaited: no "coroutine was never awaited" warning on top
+    raise UsageError(
+        f"@warden.job: {job!r} returned an awaitable, whose work would run after its lease is "
+        "released; decorate the async def itself, so it is guarded in its event loop"
+    )
+
+
+class JobDecorator(Protocol):
+    """What ``Warden.job(...)`` returns: a plain function stays plain, and
+    returns None when its start is refused; an ``async def`` stays a
+    coroutine function."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Callable[P, R | None]: ...
+
+
+# -- asyncio ----------------------------------------------------------------
+# ``async with warden.guard(...)`` and ``@warden.job`` on an ``async def``.
+# asyncio is imported by the functions that use it: ``cronwarden run`` never
+# pays for it.
+#
+# **Store calls run in a worker thread** (``asyncio.to_thread``), never on the
+# event loop. The stores are synchronous, and each ``acquire`` and ``finish``
+# is one round trip whose atomicity lives in one SQL function or Lua script per
+# store; a thread hop costs tens of microseconds against that round trip, and
+# keeps one implementation of every step instead of a second, asynchronous
+# one per store that could drift from the first (SQLite has no asynchronous
+# driver at all). Renewals already run on the warden's heartbeat thread, so a
+# busy or blocked event loop cannot delay them. ``to_thread`` copies the
+# task's context variables, so log records written in the thread carry what
+# the task bound (structlog's ``contextvars``).
+#
+# **When the run must stop, its task is cancelled**, as the supervisor stops a
+# command: at once when the lease is refused or revoked, or ``max_runtime``
+# has passed; ``kill_grace`` before the belief deadline when renewals keep
+# failing, so the task's own cleanup (its ``finally`` blocks, its
+# ``CancelledError`` handlers) has that long before the lease could expire
+# and be granted to another run. The guarded block then raises the reason
+# (``LeaseLost``, ``LeaseRevoked`` or ``TimedOut``) in place of the
+# ``CancelledError``. A task cancelled by anyone else (a service shutting
+# down) is recorded ``interrupted`` and stays cancelled.
+#
+# **The terminal record outranks promptness**: a cancellation that arrives
+# while the store is being asked to start or end the run is held until the
+# store has answered, then delivered. Otherwise a start granted in the thread
+# would be left renewing with no task to end it.
+
+
+_CANCELLED = "the task was cancelled"
+"""The detail of an ``interrupted`` run whose task someone else cancelled."""
+
+
+class Watch:
+    """Cancels ``task`` when ``run`` must stop (see the comment above). Lives
+    on the event loop: the heartbeat thread only schedules a look."""
+
+    def __init__(self, run: Run, task: asyncio.Task[Any] | None, kill_grace: float) -> None:
+        import asyncio
+
+        self.run = run
+        self.task = task
+        self.kill_grace = kill_grace
+        self.loop = asyncio.get_running_loop()
+        self.why: LeaseLost | None = None
+        """Why the task was cancelled, once it was."""
+        self.pending = False
+        """Cancelled by this watch and not yet taken back (``uncancel``)."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        run.heartbeat.on_lost = self._lost_in_thread
+        self._look()  # lost before on_lost was set: seen now
+
+    def _lost_in_thread(self, _why: LeaseLost) -> None:
+        # On the heartbeat thread, which must never die of this: a closed
+        # loop (its task is gone) has no one left to cancel.
+        try:
+            self.loop.call_soon_threadsafe(self._look)
+        except RuntimeError:
+            pass
+
+    def _look(self) -> None:
+        if self._closed or self.why is not None:
+            return
+        run, hb = self.run, self.run.heartbeat
+        now = hb.clock.monotonic()
+        why = run.lost_reason()
+        wake_at = hb.deadline - self.kill_grace
+        if why is None and now >= wake_at:
+            # As the supervisor: a renewal that is only late (this process was
+            # starved) may still land; one that failed or hangs on the store
+            # will not, and the task needs its grace before the deadline.
+            late_until = hb.late_until(now, within=self.kill_grace)
+            if late_until is None:
+                why = LeaseLost(run.lease.key, hb.last_error or "renewal overdue")
+            else:
+                wake_at = late_until
+        if why is None:
+            if hb.stop_at is not None:
+                wake_at = min(wake_at, hb.stop_at)
+            self._arm(max(0.0, min(wake_at - now, hb.interval)))
+            return
+        self.why = why
+        cronwarden_logger().warning("stopping %s run %s: %s", run.job, run.run_id, why, extra=run.log_extra())
+        if self.task is not None and not self.task.done():
+            self.task.cancel(f"cronwarden: {why}")
+            self.pending = True
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay, self._look)
+
+    def close(self) -> None:
+        """No more looks; take back a cancellation not yet delivered."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self.run.heartbeat.on_lost = None
+
+
+async def _insist(call: Callable[[], T]) -> tuple[T, bool]:
+    """``call()`` in a worker thread, waited for to its end even if this task
+    is cancelled meanwhile: its result, and whether a cancellation arrived
+    that the caller must deliver (raise) once it has dealt with the result."""
+    import asyncio
+
+    future = asyncio.ensure_future(asyncio.to_thread(call))
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+    return future.result(), cancelled and _still_cancelling()
+
+
+def _still_cancelling() -> bool:
+    """Whether this task is still asked to stop (not only by a watch's
+    cancellation that it took back)."""
+    import asyncio
+
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+async def _astart(guard: Guard) -> Run | Refused:
+    """``guard.acquire()`` off the event loop. Cancelled meanwhile, a run
+    the store granted is ended (``interrupted``) before the cancellation is
+    delivered: nothing else would end it."""
+    import asyncio
+
+    started, cancelled = await _insist(guard.acquire)
+    if cancelled:
+        if not isinstance(started, Refused):
+            await _insist(functools.partial(guard.end, started, None, interrupted=_CANCELLED))
+        raise asyncio.CancelledError
+    return started
+
+
+def _watch(run: Run, options: Options) -> Watch:
+    import asyncio
+
+    return Watch(run, asyncio.current_task(), options.kill_grace)
+
+
+async def _aenter(guard: Guard) -> tuple[Run, Watch]:
+    """``async with warden.guard(...)``: the run, and the watch on its task."""
+    if guard.options.policy is Policy.QUEUE:
+        raise UsageError(
+            "policy queue re-runs the work while starts are pending: use @warden.job(...) "
+            "on the async def, or cronwarden run, not an async with block"
+        )
+    started = await _astart(guard)
+    if isinstance(started, Refused):
+        guard.warden.report_refusal(guard.job, started)
+        raise NotStarted(guard.job, started.refusal.value, started.holder.run_id)
+    return started, _watch(started, guard.options)
+
+
+async def _aleave(
+    guard: Guard, run: Run, watch: Watch, exc: BaseException | None, *, again: bool = False
+) -> Ending:
+    """End ``run`` after its block or coroutine ended with ``exc`` (None:
+    it returned). Raises the reason in place of this watch's own
+    cancellation; otherwise the caller re-raises ``exc``."""
+    import asyncio
+
+    watch.close()
+    task = asyncio.current_task()
+    ours = False
+    if watch.pending and task is not None:
+        task.uncancel()
+        watch.pending = False
+        # Delivered as exc, or still to come (the body ended before its next
+        # await): insist swallows it then, as nobody else asked to cancel.
+        ours = isinstance(exc, asyncio.CancelledError) and task.cancelling() == 0
+    interrupted = None
+    error = exc
+    if isinstance(exc, asyncio.CancelledError):
+        error = None
+        if not ours:
+            interrupted = _CANCELLED
+    ending, cancelled = await _insist(
+        functools.partial(guard.end, run, error, stopped_by=watch.why, interrupted=interrupted, again=again)
+    )
+    if cancelled:
+        # Asked to stop while the end was being recorded: a next run (policy
+        # queue) would be left renewing, so it ends here, interrupted.
+        if ending.next is not None:
+            await _insist(functools.partial(guard.end, ending.next, None, interrupted=_CANCELLED))
+        raise asyncio.CancelledError
+    if ours:
+        assert watch.why is not None
+        raise watch.why from exc
+    return ending
+
+
+def _guard_coroutine_function(
+    warden: Warden, new_guard: Callable[[], Guard], fn: Callable[..., Coroutine[Any, Any, R]]
+) -> Callable[..., Coroutine[Any, Any, R | None]]:
+    """``@warden.job`` on an ``async def``: each call's coroutine takes the
+    lease (a ``new_guard()``) when awaited, runs ``fn`` in the same task
+    under the watch, and records its end; a refused start is recorded,
+    logged, and returns None."""
+
+    @functools.wraps(fn)
+    async def guarded(*args: Any, **kwargs: Any) -> R | None:
+        guard = new_guard()
+        job, options = guard.job, guard.options
+        started = await _astart(guard)
+        if isinstance(started, Refused):
+            warden.report_refusal(job, started)
+            return None
+        run: Run | None = started
+        result: R | None = None
+        while run is not None:
+            w = _watch(run, options)
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as e:
+                await _aleave(guard, run, w, e)
+                raise
+            run = (await _aleave(guard, run, w, None, again=options.policy is Policy.QUEUE)).next
+        return result
+
+    return guarded
 
 
 def describe_refusal(job: str, refused: Refused, now: float) -> str:

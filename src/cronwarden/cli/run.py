@@ -13,7 +13,7 @@ from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, ENV_STORE, WITHH
 from cronwarden.durations import format_duration
 from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageError
 from cronwarden.events import JobInfo, Outcome
-from cronwarden.guard import Guard, Options, Run, Warden
+from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
 from cronwarden.stores.base import Refused
 
@@ -374,7 +374,8 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
     """Run the command for the granted run (and, with policy queue, for each
     pending start after it); the exit status."""
     if isinstance(started, Refused):
-        guard.warden.report_refusal(args.job, started)
+        if not args.quiet:  # the command line's one line; the library logs instead
+            print(describe_refusal(args.job, started, guard.clock.wall()), file=sys.stderr)
         return int(args.skip_exit_code)
     if started.overlapped is not None and not args.quiet:
         h = started.overlapped
