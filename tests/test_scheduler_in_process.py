@@ -142,7 +142,7 @@ def test_the_scheduler_stops_its_in_process_runs_and_records_them(sqlite: Store,
         assert sched.running == []
         fires.close()
     (run,) = sqlite.runs("nap")
-    assert run.outcome is Outcome.FAILED and run.exit_code == 128 + signal.SIGTERM
+    assert run.outcome is Outcome.INTERRUPTED and run.exit_code == 128 + signal.SIGTERM
 
 
 def test_kill_9_of_the_scheduler_takes_its_in_process_commands_with_it(tmp_path: Path) -> None:

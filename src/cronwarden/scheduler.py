@@ -443,6 +443,8 @@ class InProcess:
                 ttl=st.ttl, policy=st.policy, shard=fire.shard, max_runtime=st.max_runtime,
                 max_pending=st.max_pending, replace_grace=st.replace_grace, renew_every=st.renew_every,
                 allow_unpartitioned=st.allow_unpartitioned, slot=fire.slot,
+                every=st.every, schedule=st.schedule, timezone=st.timezone or None, reason=st.reason,
+                grace=st.grace,
             )  # fmt: skip
             guard = Guard(self.warden, job.name, options)
             started = guard.acquire()

@@ -281,6 +281,9 @@ def main(args: Any) -> int:
         max_runtime=settings.max_runtime, max_pending=settings.max_pending,
         replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
         slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),
+        # What the job declares, so the guard's declaration is the one saved below.
+        every=settings.every, schedule=settings.schedule, timezone=settings.timezone or None,
+        reason=settings.reason, grace=settings.grace,
     )  # fmt: skip
     resolve_command(command[0])
     info = _job_info(settings, schedule, now)
