@@ -142,18 +142,25 @@ class Round:
 
     # -- workers -------------------------------------------------------------
 
-    def command(self, long: bool) -> list[str]:
-        ttl = self.cfg.ttl
-        step = ttl / 4
-        steps = max(1, round(self.cfg.long_work * ttl / step)) if long else 1
-        sleep = step if long else 0.01
+    def work(self, long: bool) -> tuple[int, float]:
+        """(steps, seconds between each read and its write) of one run's work."""
+        step = self.cfg.ttl / 4
+        return (max(1, round(self.cfg.long_work * self.cfg.ttl / step)), step) if long else (1, 0.01)
+
+    def worker(self, long: bool) -> list[str]:
+        """The command a guarded run runs."""
+        steps, sleep = self.work(long)
         assert self.referee is not None
         worker = [sys.executable, "-S", WORKER, "--port", str(self.referee.port), "--steps", str(steps),
                   "--sleep", f"{sleep:.3f}"]  # fmt: skip
         if not self.cfg.fenced:
             worker.append("--no-fencing")
+        return worker
+
+    def command(self, long: bool) -> list[str]:
+        ttl = self.cfg.ttl
         return [sys.executable, "-m", "cronwarden", "run", "--job", self.job, "--ttl", f"{int(ttl * 1000)}ms",
-                "--store", self.url, "--quiet", "--", *worker]  # fmt: skip
+                "--store", self.url, "--quiet", "--", *self.worker(long)]  # fmt: skip
 
     def launch(self, slot: int, long: bool) -> Launch:
         proc = subprocess.Popen(self.command(long), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -262,8 +269,7 @@ class Round:
             self.result.errors.append("no long run to target for 30s")
             return None
         run, child, sup = target
-        # A random phase relative to the heartbeat's renewals.
-        time.sleep(self.rng.uniform(0, renew_interval(ttl)))
+        self.phase(run)
         if not _alive(child) or sup not in ancestors(child):
             return None  # finished meanwhile; pick another
         assert self.watch_store is not None
@@ -296,6 +302,11 @@ class Round:
             self.backend.pause(1.5 * ttl, self.namespace)
             inj.resumed = time.monotonic()
         return inj
+
+    def phase(self, run: str) -> None:
+        """Wait for the moment to strike ``run``: a random phase relative to
+        the heartbeat's renewals."""
+        time.sleep(self.rng.uniform(0, renew_interval(self.cfg.ttl)))
 
     def _hold_until_taken_over(self, inj: Injection) -> None:
         """Keep the holder frozen for 2×ttl, and on to 3×ttl until another run
@@ -437,9 +448,7 @@ class Round:
         r.cycles = len(started)
         r.attempts = len(self.launches)
         r.violations = {
-            "a": checkers.check_a_token_order(log, tokens),
-            "b": checkers.check_b_no_interleaving(log),
-            "c": checkers.check_c_acknowledged_present(log, head),
+            **self._safety(log, head, tokens),
             "d": checkers.check_d_one_terminal(events, runs, log),
             "g": checkers.check_g_grant_order(events),
             "h": [],
@@ -456,6 +465,14 @@ class Round:
         r.writes = sum(1 for e in writes if e["ok"])
         r.rejected = sum(1 for e in log if e["op"] in ("read", "write") and not e["ok"])
         self._measure(log, events, runs)
+
+    def _safety(self, log: list[dict[str, Any]], head: str, tokens: dict[str, int]) -> dict[str, list[str]]:
+        """Checkers (a)–(c) on the resource the workers wrote: the referee's document."""
+        return {
+            "a": checkers.check_a_token_order(log, tokens),
+            "b": checkers.check_b_no_interleaving(log),
+            "c": checkers.check_c_acknowledged_present(log, head),
+        }
 
     def _measure(
         self, log: list[dict[str, Any]], events: list[Event], runs: dict[str, RunRecord | None]
