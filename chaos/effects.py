@@ -182,6 +182,19 @@ class EffectsRound(Round):
                 return
             time.sleep(0.005)
 
+    def stepped(self, run: str | None, since: float) -> bool:
+        """A step here writes both counters: wait for the last write (or the
+        step's end) so the supervisor, resumed next, cannot stop the thawed
+        run between its PostgreSQL and its Redis write."""
+        for e in self.refresh()[-50:]:
+            if e.get("run") != run or e["t"] <= since:
+                continue
+            if e["op"] in ("close", "error") or (e["op"] == "read" and not e["ok"]):
+                return True
+            if e["op"] == "write" and e.get("target") == TARGETS[-1]:
+                return True
+        return False
+
     def run(self) -> RoundResult:
         import psycopg
 

@@ -343,12 +343,15 @@ class Round:
         thawed = time.monotonic()
         signal_group(inj.child, signal.SIGCONT)
         if inj.fault is Fault.PAUSE_LONG:
-            self.wait_quietly(lambda: any(e.get("run") == inj.target_run and e["t"] > thawed
-                                          for e in self.refresh()[-50:]), 1.0)  # fmt: skip
+            self.wait_quietly(lambda: self.stepped(inj.target_run, thawed), 1.0)
         else:
             time.sleep(0.05)
         signal_group(inj.supervisor, signal.SIGCONT)
         inj.resumed = time.monotonic()
+
+    def stepped(self, run: str | None, since: float) -> bool:
+        """Whether ``run`` has taken its next step since monotonic ``since``."""
+        return any(e.get("run") == run and e["t"] > since for e in self.refresh()[-50:])
 
     # -- the round -----------------------------------------------------------
 
