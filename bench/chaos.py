@@ -304,6 +304,7 @@ def run_effects_store(store: str, args: argparse.Namespace) -> dict[str, Any]:
             # Longer gaps than the referee mode: a cycle here costs a worker with two
             # database clients, so fewer pauses per cycle keep a long run to minutes.
             config.slots, config.gap, config.long_share = args.slots, (6, 10), 0.2
+            config.timeout = max(120.0, n_faults * 30 * args.ttl)  # up to 10 clean cycles and a pause a fault
             try:
                 r = run_effects_round(b, config)
             except Exception as e:  # a long run reports a broken round and goes on

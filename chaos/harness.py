@@ -272,8 +272,9 @@ class Round:
         self.phase(run)
         if not _alive(child) or sup not in ancestors(child):
             return None  # finished meanwhile; pick another
-        assert self.watch_store is not None
-        self.observe(self.watch_store)
+        watch = self.watch_store
+        assert watch is not None
+        self.observe(watch)
         inj = Injection(fault=fault, at=time.monotonic(), wall=time.time(), target_run=run, supervisor=sup,
                         child=child)  # fmt: skip
         if fault is Fault.KILL_SUPERVISOR:
@@ -299,7 +300,7 @@ class Round:
             inj.resumed = time.monotonic()
             inj.note = f"down {inj.resumed - inj.at:.2f}s"
         elif fault is Fault.STORE_PAUSE:
-            self.backend.pause(1.5 * ttl, self.namespace)
+            self.backend.pause(1.5 * ttl, self.namespace, before_resume=lambda: self.observe(watch))
             inj.resumed = time.monotonic()
         return inj
 
