@@ -336,12 +336,13 @@ def check_no_lost_update(
 
 
 def effects_config(fault: Fault, *, fenced: bool, ttl: float, faults: int, seed: int | None = None,
-                   min_cycles: int = 4, timeout: float | None = None) -> RoundConfig:  # fmt: skip
+                   min_cycles: int = 4, gap: tuple[int, int] = (1, 2),
+                   timeout: float | None = None) -> RoundConfig:  # fmt: skip
     """A round's settings in effects mode (a frozen-holder fault)."""
     if fault not in PAUSES:
         raise ValueError(f"effects mode injects {', '.join(PAUSES)}, not {fault}")
     return RoundConfig(
-        fault=fault, fenced=fenced, ttl=ttl, faults=faults, min_cycles=min_cycles, gap=(1, 2),
+        fault=fault, fenced=fenced, ttl=ttl, faults=faults, min_cycles=min_cycles, gap=gap,
         long_share=0.5, long_work=4.0 if fault is Fault.STALL_SUPERVISOR else 1.5,
         timeout=timeout if timeout is not None else max(60.0, faults * ttl * 20), seed=seed,
     )  # fmt: skip
