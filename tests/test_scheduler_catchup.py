@@ -117,6 +117,9 @@ def test_catchup_latest_fires_the_last_slot_within_its_window(sqlite_store: Stor
     s, launches, lines = scheduler(sqlite_store, [job], clock, "a", misfire_grace=30)
     s.tick()
     assert launches.started == [("sync", T0 + 240, None)]
+    clock.advance(600 - 280 + 1)  # a stall past T0+300 … T0+600: again only the latest
+    s.tick()
+    assert launches.started[1:] == [("sync", T0 + 600, None)]
     (said,) = [line for line in lines if "not started late" in line]
     assert "a later slot is due" in said
 

@@ -172,13 +172,14 @@ class Scheduler:
 
     def _plan(self, jobs: Sequence[ScheduledJob], now: float) -> None:
         for job in jobs:
-            # The first slot still within the job's window: a restart
-            # between a fire time and its grace loses nothing (the claim
-            # says whether another instance fired it already), and catch-up
-            # (``catchup``) reaches back as far as the job allows. Found by
-            # ``slot``, the walk forward in ``_due`` takes it from there.
-            back = now - job.offset - job.window(self.misfire_grace)
-            first = job.schedule.slot(back)
+            # The latest slot due, if still within the job's window: a
+            # restart between a fire time and its grace loses nothing (the
+            # claim says whether another instance fired it already). With
+            # ``catchup = "all"`` the first slot within the window, and the
+            # walk forward in ``_due`` fires each from there.
+            due = now - job.offset
+            back = due - job.window(self.misfire_grace)
+            first = job.schedule.slot(back if job.settings.catchup == "all" else due)
             self._set_next(job, first if first >= back else job.schedule.next_fire(first))
 
     def _set_next(self, job: ScheduledJob, slot: float) -> None:
