@@ -15,10 +15,11 @@ connection pool (``client.py``). Every key a script touches is passed in
 A lease is two keys. ``lease:<key>`` is a hash that never expires: owner,
 fencing token, pending count, revocation, and the open run's start (job,
 host, pid, start time, slot), so a later start can still name and close an
-owner whose lease ran out (recorded ``abandoned``, and named in the refusal). ``live:<key>`` holds the owner's run id
-with ``PX``: while the hash names an owner, the lease is live while this key
-exists (every grant sets both in one script), so expiry is judged by the
-server's clock, never a host's. A release removes the owner and leaves the live key to
+owner whose lease ran out (recorded ``abandoned``, and named in the
+refusal). ``live:<key>`` holds the owner's run id with ``PX``: while the
+hash names an owner, the lease is live while this key exists (every grant
+sets both in one script), so expiry is judged by the server's clock, never
+a host's. A release removes the owner and leaves the live key to
 expire: nothing reads it without an owner.
 
 Fencing: a grant takes the stored token + 1 while the server process that
