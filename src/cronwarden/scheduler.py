@@ -1,5 +1,5 @@
 """The scheduler: fires each configured job's command at its scheduled times,
-from one host or several, at most once per slot (G8).
+from one host or several, at most once per slot.
 
 Every instance reads the same config, so every instance computes the same
 fire times. At each one it claims the slot in the store
