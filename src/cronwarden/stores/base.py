@@ -198,7 +198,8 @@ and a monitoring pass can afford one (``bench/retention.py`` measures it)."""
 
 AGE_OUT_FREELY = frozenset(
     {EventKind.STARTED, *(o.event for o in Outcome), EventKind.SKIPPED, EventKind.QUEUED,
-     EventKind.QUEUE_FULL, EventKind.PAUSED, EventKind.MISFIRED, EventKind.SINK_FAILED,
+     EventKind.QUEUE_FULL, EventKind.PAUSED, EventKind.MISFIRED, EventKind.BACKFILLED,
+     EventKind.SINK_FAILED,
      EventKind.SINK_RECOVERED, EventKind.SINK_REJECTED}
 )  # fmt: skip
 """The kinds retention deletes. Every other kind (the monitor's findings,
