@@ -32,7 +32,7 @@ class StoreError(CronwardenError):
 class StoreUnavailable(StoreError):
     """The store cannot be reached or is locked right now (connection refused,
     timeout, database locked). A guarded start fails closed with exit code 75
-    (EX_TEMPFAIL) unless ``--on-store-error=run`` was given (G9)."""
+    (EX_TEMPFAIL) unless ``--on-store-error=run`` was given."""
 
     exit_code = 75
 

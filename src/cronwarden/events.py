@@ -51,6 +51,9 @@ class EventKind(enum.StrEnum):
     MISFIRED = "misfired"
     """A slot not started late: its time had passed by more than the misfire
     grace or the catch-up policy allows (data: slot, late_by)."""
+    BACKFILLED = "backfilled"
+    """A past slot started by ``cronwarden backfill`` (data: slot, run_id,
+    asked_by); the run itself is recorded as any run is."""
     # Operators' decisions about a job (data: by, reason, until when timed).
     JOB_PAUSED = "job_paused"
     JOB_RESUMED = "job_resumed"

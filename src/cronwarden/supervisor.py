@@ -1,6 +1,6 @@
 """The child process of ``cronwarden run``: its own process group, signals
-forwarded, killed with its supervisor (G5), stopped before the lease could
-expire (G3).
+forwarded, killed with its supervisor, stopped before the lease could
+expire.
 
 Waiting is event-driven: a descriptor that becomes readable when the child
 exits and a pipe the heartbeat writes to when the lease is lost; the only
@@ -53,7 +53,7 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
     ``PR_SET_PDEATHSIG`` reaches only the direct child of a process that
     dies, so a command that is a shell script would leave its own children
     running under a lease about to expire. The keeper is that direct child:
-    when the supervisor dies it SIGKILLs the command's group (G5). It is also
+    when the supervisor dies it SIGKILLs the command's group. It is also
     the subreaper of everything the command starts, so every process of the
     command is reaped here rather than left a zombie, and when the command
     exits it stops what the command left behind, in its group or out of it

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cronwarden.cli.scheduler",
         "run the config file's jobs on schedule, once per slot across hosts",
     ),
+    "backfill": ("cronwarden.cli.backfill", "run a job's past slots now, each once, recorded as backfill"),
     "status": ("cronwarden.cli.status", "the runs open now, on every host"),
     "history": ("cronwarden.cli.status", "a job's recent runs and the skips between them"),
     "config": ("cronwarden.cli.config", "check the config file, or show each job's resolved settings"),

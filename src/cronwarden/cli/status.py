@@ -40,7 +40,8 @@ def configure_history(p: argparse.ArgumentParser) -> None:
     p.description = (
         "A job's recent runs, newest first, with every start refused or queued between them. With "
         "--slots: every expected slot of its schedule and the one decision it got (ran, late, queued, "
-        "skipped, paused, misfired, missed, or due while its grace lasts)."
+        "skipped, paused, misfired, missed, or due while its grace lasts; backfilled for a past slot run by "
+        "cronwarden backfill)."
     )
     p.add_argument("job", help="job name")
     p.add_argument("--limit", type=int, default=20, help="how many runs, or slots with --slots (default 20)")
@@ -195,7 +196,7 @@ def _slots(args: Any, clock: Clock) -> int:
             note.append(f"held by {i['run_id']}")
         if i["extra"]:
             note.append(f"also {', '.join(i['extra'])}")
-        run_id = i["run_id"] if i["decision"] in ("ran", "late") else "-"
+        run_id = i["run_id"] if i["decision"] in ("ran", "backfilled", "late") else "-"
         rows.append([when(i["slot"]), i["decision"], run_id or "-", i["outcome"] or "-", when(i["at"]),
                      "; ".join(note)])  # fmt: skip
     print(table(["SLOT", "DECISION", "RUN ID", "OUTCOME", "AT", "NOTE"], rows))

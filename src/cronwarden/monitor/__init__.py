@@ -474,7 +474,7 @@ class Monitor:
     def evaluate(self, *, record: bool = True) -> Pass:
         """One pass over every job: statistics, rules, and the findings that
         changed state recorded as events (unless ``record`` is false). Open
-        runs whose lease expired are recorded ``abandoned`` (G6)."""
+        runs whose lease expired are recorded ``abandoned``."""
         now = self.clock.wall()
         opened = self.store.open_runs()
         by_job: dict[str, list[RunRecord]] = {}

@@ -49,7 +49,7 @@ GROUPS: Mapping[str, frozenset[EventKind]] = {
     "failures": ENDINGS_BAD,
     "refusals": REFUSALS,
     "findings": FINDINGS,
-    "scheduler": frozenset({EventKind.PAUSED, EventKind.MISFIRED}),
+    "scheduler": frozenset({EventKind.PAUSED, EventKind.MISFIRED, EventKind.BACKFILLED}),
     "operator": frozenset(
         {
             EventKind.JOB_PAUSED,

@@ -198,8 +198,9 @@ and a monitoring pass can afford one (``bench/retention.py`` measures it)."""
 
 AGE_OUT_FREELY = frozenset(
     {EventKind.STARTED, *(o.event for o in Outcome), EventKind.SKIPPED, EventKind.QUEUED,
-     EventKind.QUEUE_FULL, EventKind.PAUSED, EventKind.MISFIRED, EventKind.SINK_FAILED,
-     EventKind.SINK_RECOVERED, EventKind.SINK_REJECTED, EventKind.TRIGGERED, EventKind.STOP_REQUESTED}
+     EventKind.QUEUE_FULL, EventKind.PAUSED, EventKind.MISFIRED, EventKind.BACKFILLED,
+     EventKind.SINK_FAILED, EventKind.SINK_RECOVERED, EventKind.SINK_REJECTED, EventKind.TRIGGERED,
+     EventKind.STOP_REQUESTED}
 )  # fmt: skip
 """The kinds retention deletes. Every other kind (the monitor's findings,
 operators' decisions: a state that holds until a later event says

@@ -219,7 +219,7 @@ class PostgresStore(SqlStore):
         apply, and the client's watchdog still bounds every call."""
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreError(f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
-        self._clock = clock  # kept for the interface; expiry is the server's clock (G4)
+        self._clock = clock  # kept for the interface; expiry is the server's clock
         self.retention = retention
         self.schema = schema
         self._s = f'"{schema}"'
@@ -232,7 +232,7 @@ class PostgresStore(SqlStore):
         params.setdefault("application_name", "cronwarden")
         # synchronous_commit=on whatever the database or role says: a grant
         # acknowledged but lost in a crash would hand its fencing token out
-        # again (G2). Replication to an async standby is documented as a limit.
+        # again to a second holder. Replication to an async standby is documented as a limit.
         if pooler not in POOLERS:
             raise StoreError(f"pooler must be one of {', '.join(POOLERS)}, got {pooler!r}")
         self.pooler = pooler

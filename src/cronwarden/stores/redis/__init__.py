@@ -15,13 +15,14 @@ connection pool (``client.py``). Every key a script touches is passed in
 A lease is two keys. ``lease:<key>`` is a hash that never expires: owner,
 fencing token, pending count, revocation, and the open run's start (job,
 host, pid, start time, slot), so a later start can still name and close an
-owner whose lease ran out (G6, G7). ``live:<key>`` holds the owner's run id
-with ``PX``: while the hash names an owner, the lease is live while this key
-exists (every grant sets both in one script), so expiry is judged by the
-server's clock (G4). A release removes the owner and leaves the live key to
+owner whose lease ran out (recorded ``abandoned``, and named in the
+refusal). ``live:<key>`` holds the owner's run id with ``PX``: while the
+hash names an owner, the lease is live while this key exists (every grant
+sets both in one script), so expiry is judged by the server's clock, never
+a host's. A release removes the owner and leaves the live key to
 expire: nothing reads it without an owner.
 
-Fencing (G2): a grant takes the stored token + 1 while the server process that
+Fencing: a grant takes the stored token + 1 while the server process that
 granted the previous token is still the one answering (its ``run_id`` is
 stored with the token; the script reads the id of the process running it
 with ``INFO server``, ``fence.lua``). Otherwise -- first grant of a key, a
@@ -45,7 +46,7 @@ first try answers "not granted" (the lock it took expires by its ttl); an
 grants a lock twice.
 
 The ``clock`` given to the store is kept for the interface but never read for
-expiry: only the server's clock decides (G4).
+expiry: only the server's clock decides.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class RedisStore(Store):
         # Ours from the URL, or the caller's server on a pool of our own:
         # either way the store's retries, and ``close`` closes it.
         self._client = client if owns_client else own_client(client)
-        self._clock = clock  # kept for the interface; expiry is the server's (G4)
+        self._clock = clock  # kept for the interface; expiry is the server's
         kwargs = client.connection_pool.connection_kwargs
         host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
         self.address = f"{host}:{port}"
