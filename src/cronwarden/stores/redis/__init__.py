@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from redis import exceptions as redis_errors
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
-from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, mask_password
+from cronwarden.errors import LeaseLost, StoreError, StoreUnavailable, mask_password
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
 from cronwarden.lease import Lease, margin
 from cronwarden.policy import Policy
@@ -86,7 +86,9 @@ from cronwarden.stores.base import (
     Tally,
     is_side_lease,
     kept_kinds,
+    revocation,
     side_lease_key,
+    stop_mark,
 )
 
 from .client import (
@@ -348,7 +350,7 @@ class RedisStore(Store):
         if reply[0] == "ok":
             return
         if reply[0] == "revoked":
-            raise LeaseRevoked(lease.key, reply[1])
+            raise revocation(lease.key, reply[1])
         raise LeaseLost(lease.key, "expired or taken by another run")
 
     def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
@@ -367,7 +369,7 @@ class RedisStore(Store):
             if state == "1":
                 out.append(None)
             elif state == "r":
-                out.append(LeaseRevoked(lease.key, next(revokers)))
+                out.append(revocation(lease.key, next(revokers)))
             else:
                 out.append(LeaseLost(lease.key, "expired or taken by another run"))
         return out
@@ -412,6 +414,13 @@ class RedisStore(Store):
             json.dumps(dict(event.data), separators=(",", ":"), default=str),
             str(RECORDED_IDS_KEPT * 1000),
         ]
+
+    def request_stop(self, key: str, run_id: str, grace: float, request: Event) -> bool:
+        p = self.prefix
+        keys = [f"{p}lease:{key}", f"{p}live:{key}", self._index(request.job), self._k_ev, self._k_ev_run,
+                self._k_job_counts, self._k_runs, f"{p}eid:{request.event_id}", *self._k_rollups]  # fmt: skip
+        args = [run_id, stop_mark(grace), _packed(self._record_fields(request))]
+        return bool(self._call(self._scripts.request_stop, keys, args))
 
     def record(self, event: Event) -> None:
         fields = self._record_fields(event)
