@@ -41,6 +41,7 @@ WORKER = os.path.join(HERE, "worker.py")
 ALL_EVENTS = 10_000_000
 
 EXIT_LEASE_LOST = 3
+EXIT_STORE = 75
 
 
 @dataclass
@@ -101,6 +102,8 @@ class RoundResult:
     rejected: int = 0
     late_rejected: int = 0
     """Operations of a frozen-then-resumed holder that the referee refused."""
+    stopped_for_lease_loss: int = 0
+    """Runs, not frozen by the harness, whose supervisor stopped them for a lost lease."""
     lease_kept: int = 0
     lease_lost: int = 0
     """For PAUSE_SHORT: injections after which the paused run kept / lost its lease."""
@@ -595,14 +598,30 @@ class Round:
         for sent, owner, _token, expires_in in self.watch:
             expiry[owner] = max(expiry.get(owner, -math.inf), sent + expires_in)
         for run_id, rec in h.runs.items():
-            if rec is None or rec.outcome is not Outcome.LEASE_LOST or run_id in frozen:
+            if rec is None or run_id in frozen or not self._stopped_for_lease_loss(rec, h):
                 continue
+            r.stopped_for_lease_loss += 1
             died, exp = h.closes.get(run_id), expiry.get(run_id)
             if died is None or exp is None:
                 continue
             r.margin.add(exp - died)
             if exp < died:
                 r.violations["h"].append(f"(f) run {run_id} worked {died - exp:.3f}s past its lease's expiry")
+
+    @staticmethod
+    def _stopped_for_lease_loss(rec: RunRecord, h: History) -> bool:
+        """Its supervisor stopped the command because the lease was gone.
+        Recorded ``lease_lost``, or ``abandoned`` with the supervisor alive
+        to the end (exit 3, or 75 when it could not record): after a frozen
+        store thaws, the holder's own record and the next run's acquire,
+        both held up in it, race; when the acquire wins, it records the
+        holder abandoned (its lease had expired) and the holder's record
+        finds the run already ended."""
+        if rec.outcome is Outcome.LEASE_LOST:
+            return True
+        launch = h.launches.get(rec.pid) if rec.pid is not None else None
+        return (rec.outcome is Outcome.ABANDONED and launch is not None
+                and launch.returncode in (EXIT_LEASE_LOST, EXIT_STORE))  # fmt: skip
 
     def _last_renewal(self, run: str | None, before: float) -> float | None:
         """Monotonic time of the run's last renewal (or grant) seen by the
