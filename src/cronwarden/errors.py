@@ -88,6 +88,18 @@ class LeaseRevoked(LeaseLost):
         self.by_run_id = by_run_id
 
 
+class StopRequested(LeaseRevoked):
+    """Someone asked this run to stop through the store (``cronwarden
+    stop``): its command gets SIGTERM, SIGKILL after ``grace``, and the run
+    records ``stopped``. ``by_run_id`` is the lease's revocation mark
+    (``stores.base.stop_mark``)."""
+
+    def __init__(self, key: str, mark: str, grace: float) -> None:
+        LeaseLost.__init__(self, key, "stop requested (cronwarden stop)")
+        self.by_run_id = mark
+        self.grace = grace
+
+
 class TimedOut(LeaseLost):
     """The run exceeded its ``max_runtime``."""
 

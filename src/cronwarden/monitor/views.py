@@ -82,12 +82,19 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
         for e in store.events(EventQuery(job=job, kinds=REFUSALS, since=read_since, limit=10_000))
         if since is None or e.at >= since or e.data.get("holder_run_id") in shown or e.run_id in shown
     ]
+    backfills = {
+        e.data.get("run_id"): e.data.get("slot")
+        for e in store.events(
+            EventQuery(job=job, kinds=[EventKind.BACKFILLED], since=read_since, limit=10_000)
+        )
+    }
     items: list[tuple[float, dict[str, Any]]] = []
     for r in runs:
         items.append((r.started_at, {
             "type": "run", "run_id": r.run_id, "started_at": r.started_at, "host": r.host, "pid": r.pid,
             "token": r.token, "outcome": r.outcome.value if r.outcome else "running",
             "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
+            "backfill_of": backfills.get(r.run_id),
         }))  # fmt: skip
     for e in refusals:
         items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
@@ -131,7 +138,11 @@ def history_note(item: dict[str, Any]) -> str:
     """What a ``history_items`` item's NOTE says: a run's detail or exit
     status; a refused start's holder and how long it had held."""
     if item["type"] == "run":
-        return str(item["detail"] or ("" if item["exit_code"] in (None, 0) else f"exit {item['exit_code']}"))
+        note = str(item["detail"] or ("" if item["exit_code"] in (None, 0) else f"exit {item['exit_code']}"))
+        slot = item.get("backfill_of")
+        if isinstance(slot, int | float):
+            note = "; ".join(filter(None, [f"backfill of the {when(slot)} slot", note]))
+        return note
     age = item.get("holder_age")
     held = f" for {format_duration(age)}" if isinstance(age, int | float) else ""
     return f"held by {item.get('holder_run_id', '?')}{held}"

@@ -12,7 +12,7 @@ from cronwarden.errors import MissingDriver, StoreUrlError
 if TYPE_CHECKING:
     from cronwarden.stores.base import Store
 
-SCHEMES = ("sqlite", "postgresql", "postgres", "redis", "rediss")
+SCHEMES = ("sqlite", "postgresql", "postgres", "redis", "rediss", "redis+sentinel")
 
 
 def default_store_url() -> str:
@@ -44,7 +44,7 @@ def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
         from cronwarden.stores.postgres import PostgresStore
 
         return PostgresStore.from_url(url, clock=clock)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+sentinel"):
         try:
             import redis  # noqa: F401
         except ImportError:
@@ -52,4 +52,6 @@ def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
         from cronwarden.stores.redis import RedisStore
 
         return RedisStore.from_url(url, clock=clock)
-    raise StoreUrlError(url, f"unknown scheme {scheme!r}; expected one of sqlite, postgresql, redis")
+    raise StoreUrlError(
+        url, f"unknown scheme {scheme!r}; expected one of sqlite, postgresql, redis, redis+sentinel"
+    )
