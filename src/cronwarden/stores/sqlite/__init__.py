@@ -224,7 +224,8 @@ class SqliteStore(SqlStore):
         if version == 0:
             problem = "is not a cronwarden store (no cronwarden schema version)"
         elif version > SCHEMA_VERSION:
-            problem = f"has schema version {version}; this cronwarden knows up to {SCHEMA_VERSION}. Upgrade"
+            problem = (f"has schema version {version}; this cronwarden knows up to {SCHEMA_VERSION}. "
+                       "Upgrade cronwarden")  # fmt: skip
         elif version < SCHEMA_VERSION:
             problem = (f"has schema version {version}, older than this cronwarden's {SCHEMA_VERSION}, and "
                        "cannot be written to bring it up to date; run cronwarden where it can write the file "
@@ -859,7 +860,7 @@ def _unwritable(path: str) -> str | None:
             return "it is on a read-only filesystem"
     except OSError:
         pass
-    return "no write permission on the file or its directory"
+    return "it is not writable (check the permissions of the file and its directory)"
 
 
 def _store_error(path: str, e: sqlite3.Error) -> StoreError:
