@@ -227,7 +227,13 @@ def compare(backend: Backend, cronwarden: str, env: dict[str, str], workdir: str
         f"cronwarden run --job x --store {backend.name}://… -- true",
         TARGETS[backend.name],
     )
-    others = [wrapper] if quick else [child, wrapper]
+    # A job that declares itself (a schedule): the run also reads the job's
+    # saved settings, and writes them only after an edit.
+    declared = run([*cronwarden_argv, "run", "--job", "declared", "--every", "10m", "--store",
+                    backend.store_url, "--", "true"])  # fmt: skip
+    declared.name = f"cronwarden run --job declared --every 10m --store {backend.name}://… -- true"
+    declared.note = "reference: a job with a schedule"
+    others = [wrapper] if quick else [child, wrapper, declared]
     if env.get("PYTHONDONTWRITEBYTECODE") and not clean and not quick:
         raw = run(wrapper_argv, env)
         raw.name = "the same, PYTHONDONTWRITEBYTECODE=1, no cache"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -193,3 +194,29 @@ def test_the_demo_shows_a_progress_line_on_a_terminal() -> None:
     os.close(controller)
     assert b"\r\x1b[K   [plain cron] t=" in seen and b"\r\x1b[K   [cronwarden] t=" in seen
     assert b"fired, " in seen and b"summary" in seen
+
+
+INTERNAL = re.compile(r"\bG[1-9]\b|the seed|the brief|DESIGN\.md", re.IGNORECASE)
+
+
+def test_sources_docs_and_help_carry_no_internal_references() -> None:
+    # Guarantee numbers and planning documents mean nothing to a user reading
+    # a docstring, a SQL comment, a guide or --help: say what is meant instead.
+    root = Path(__file__).resolve().parent.parent
+    files = [p for d in ("src", "docs", "examples") for p in (root / d).rglob("*") if p.is_file()]
+    files = [p for p in files if p.suffix not in {".pyc", ".db"}] + [root / "README.md"]
+    found = [
+        f"{p.relative_to(root)}:{n}: {line.strip()}"
+        for p in files
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if INTERNAL.search(line)
+    ]
+    top = run_cli("--help")
+    listing = top.stdout.split("commands:")[1].split("\n\n")[0]
+    commands = [line.split()[0] for line in listing.splitlines()[1:]]
+    assert "run" in commands and "unsnooze" in commands
+    for command in [None, *commands]:
+        done = run_cli(*([command] if command else []), "--help")
+        assert done.returncode == 0, done.stderr
+        found += [f"{command or 'cronwarden'} --help: {m.group()}" for m in INTERNAL.finditer(done.stdout)]
+    assert not found, "\n".join(found)

@@ -2,10 +2,10 @@
 instead of sleeping.
 
 Three readings, for three purposes:
-- ``monotonic()``: this process's deadlines (heartbeat belief, G3).
+- ``monotonic()``: this process's deadlines (how long a holder believes its lease is still its own).
 - ``store_time()``: lease expiry on the embedded SQLite store. It is
   CLOCK_BOOTTIME, which every process on the host shares and which NTP steps
-  never move (G4); ``boot_id()`` tells a reboot apart, after which every
+  never move; ``boot_id()`` tells a reboot apart, after which every
   lease of the previous boot is void.
 - ``wall()``: what people read (started at, ended at) and schedules.
 """

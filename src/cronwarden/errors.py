@@ -32,7 +32,7 @@ class StoreError(CronwardenError):
 class StoreUnavailable(StoreError):
     """The store cannot be reached or is locked right now (connection refused,
     timeout, database locked). A guarded start fails closed with exit code 75
-    (EX_TEMPFAIL) unless ``--on-store-error=run`` was given (G9)."""
+    (EX_TEMPFAIL) unless ``--on-store-error=run`` was given."""
 
     exit_code = 75
 
@@ -100,6 +100,18 @@ class LeaseRevoked(LeaseLost):
     def __init__(self, key: str, by_run_id: str) -> None:
         super().__init__(key, f"revoked by run {by_run_id}")
         self.by_run_id = by_run_id
+
+
+class StopRequested(LeaseRevoked):
+    """Someone asked this run to stop through the store (``cronwarden
+    stop``): its command gets SIGTERM, SIGKILL after ``grace``, and the run
+    records ``stopped``. ``by_run_id`` is the lease's revocation mark
+    (``stores.base.stop_mark``)."""
+
+    def __init__(self, key: str, mark: str, grace: float) -> None:
+        LeaseLost.__init__(self, key, "stop requested (cronwarden stop)")
+        self.by_run_id = mark
+        self.grace = grace
 
 
 class TimedOut(LeaseLost):

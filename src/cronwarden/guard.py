@@ -27,6 +27,7 @@ from cronwarden.errors import (
     LeaseLost,
     LeaseRevoked,
     NotStarted,
+    StopRequested,
     StoreError,
     StoreUnavailable,
     TimedOut,
@@ -425,12 +426,13 @@ class Guard:
             pid=os.getpid(), ttl=o.ttl, at=at, policy=policy, slot=slot, max_pending=o.max_pending,
         )  # fmt: skip
 
-    def acquire(self) -> Run | Refused:
+    def acquire(self, run_id: str | None = None) -> Run | Refused:
         """Try to start a run: the run, or the store's refusal (already
-        recorded in the ledger, with the holder)."""
+        recorded in the ledger, with the holder). ``run_id``: the id the
+        start is recorded under, granted or refused (default: a new one)."""
         if self.options.declares():
             self.warden.declare(self.job, self.options)
-        start = self._start()
+        start = self._start(run_id)
         sharded_or_allow = self.key != self.job or self.options.policy is Policy.ALLOW
         swept = self._close_dead_here(start)
         if sharded_or_allow:
@@ -546,6 +548,8 @@ class Guard:
         if why is None and isinstance(error, LeaseLost):
             why = error
         at = self.clock.wall()
+        if isinstance(why, StopRequested):
+            return End(outcome=Outcome.STOPPED, at=at, exit_code=exit_code, detail=self._stopped_by(run))
         if isinstance(why, LeaseRevoked):
             return End(outcome=Outcome.REPLACED, at=at, exit_code=exit_code, detail=str(why),
                        replaced_by=why.by_run_id)  # fmt: skip
@@ -566,6 +570,22 @@ class Guard:
         if exit_code:
             return End(outcome=Outcome.FAILED, at=at, exit_code=exit_code, detail=f"exit status {exit_code}")
         return End(outcome=Outcome.SUCCEEDED, at=at, exit_code=exit_code)
+
+    def _stopped_by(self, run: Run) -> str:
+        """Who asked the run to stop, and why: the stop request's event."""
+        from cronwarden.events import EventKind
+        from cronwarden.stores.base import EventQuery
+
+        query = EventQuery(run_id=run.run_id, kinds=(EventKind.STOP_REQUESTED,), limit=1, newest_first=False)
+        try:
+            asked = self.warden.store.events(query)
+        except StoreError:
+            return "stop requested (cronwarden stop); who asked could not be read from the store"
+        if not asked:
+            return "stop requested (cronwarden stop)"
+        data = asked[0].data
+        why = f": {data['reason']}" if data.get("reason") else ""
+        return f"stopped by {data.get('by') or 'someone'}{why}"[:500]
 
     def end(
         self,

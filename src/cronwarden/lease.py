@@ -1,4 +1,4 @@
-"""The lease a run holds, and the heartbeat that keeps it (G3).
+"""The lease a run holds, and the heartbeat that keeps it.
 
 A holder believes it owns its lease only until ``t_sent + belief(ttl)``,
 where ``t_sent`` is this process's monotonic time taken *before* the last
@@ -38,13 +38,13 @@ def belief(ttl: float) -> float:
 
 class Lease(NamedTuple):
     """Proof of ownership, returned by ``Store.acquire`` and presented to
-    ``renew``/``finish``. Only the run named ``run_id`` can act on it (G1)."""
+    ``renew``/``finish``. Only the run named ``run_id`` can act on it."""
 
     key: str
     job: str
     run_id: str
     token: int
-    """Fencing token: larger than every earlier grant of ``key`` (G2)."""
+    """Fencing token: larger than every earlier grant of ``key``."""
     ttl: float
 
 

@@ -1,6 +1,6 @@
 """The outbox: every event reaches every sink at least once, at the rate the
 sink's receiver answers, and a down sink never fails or delays a job beyond
-a bound (G9).
+a bound.
 
 Each sink's outbox lives in the store (``Store.undelivered`` /
 ``Store.mark_delivered``): the ledger minus what the sink acknowledged. A

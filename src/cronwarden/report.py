@@ -18,7 +18,7 @@ Stored with the existing store contract, nothing new:
   long the run may go without reporting its end before it is taken as
   abandoned (``--ttl``; default the job's max_runtime, else three periods,
   else a day).
-- an end is ``finish`` of that lease: the terminal record, exactly one (G6),
+- an end is ``finish`` of that lease: the terminal record, exactly one,
   with the duration; the side lease is deleted.
 - after its own start is written, the reporter reads the job's open runs:
   any other open run of the same job (guarded or reported) means this start

@@ -1,6 +1,6 @@
 """The child process of ``cronwarden run``: its own process group, signals
-forwarded, killed with its supervisor (G5), stopped before the lease could
-expire (G3).
+forwarded, killed with its supervisor, stopped before the lease could
+expire.
 
 Waiting is event-driven: a descriptor that becomes readable when the child
 exits and a pipe the heartbeat writes to when the lease is lost; the only
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from cronwarden.errors import Interrupted, LeaseLost, LeaseRevoked, UsageError
+from cronwarden.errors import Interrupted, LeaseLost, LeaseRevoked, StopRequested, UsageError
 from cronwarden.guard import Run
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -53,7 +53,7 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
     ``PR_SET_PDEATHSIG`` reaches only the direct child of a process that
     dies, so a command that is a shell script would leave its own children
     running under a lease about to expire. The keeper is that direct child:
-    when the supervisor dies it SIGKILLs the command's group (G5). It is also
+    when the supervisor dies it SIGKILLs the command's group. It is also
     the subreaper of everything the command starts, so every process of the
     command is reaped here rather than left a zombie, and when the command
     exits it stops what the command left behind, in its group or out of it
@@ -547,7 +547,12 @@ class Supervisor:
         child = self.child
         assert child is not None
         hb = self.run.heartbeat
-        grace = self.replace_grace if isinstance(why, LeaseRevoked) else self.kill_grace
+        if isinstance(why, StopRequested):
+            grace = why.grace  # cronwarden stop --grace
+        elif isinstance(why, LeaseRevoked):
+            grace = self.replace_grace
+        else:
+            grace = self.kill_grace
         # Whatever grace was asked, the child must be gone before the belief
         # ends: after a revocation renewals are refused, so the lease runs out
         # at the deadline and the replacer may take it; after a refusal or an

@@ -367,7 +367,10 @@ class JobStats:
     open_runs: int = 0
     last_start: float | None = None
     last_attempt: float | None = None
-    """Latest start or refused start: when the scheduler last fired."""
+    """Latest start or refused start: when the scheduler last fired (or
+    decided a slot ``paused``, or the job was resumed)."""
+    paused: bool = False
+    """The job is paused (``cronwarden pause``): no start is expected."""
     last_success: float | None = None
     overlap_list: tuple[Overlap, ...] = ()
     stuck: tuple[Stuck, ...] = ()

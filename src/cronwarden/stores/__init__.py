@@ -12,7 +12,7 @@ from cronwarden.errors import MissingDriver, StoreUrlError
 if TYPE_CHECKING:
     from cronwarden.stores.base import Store
 
-SCHEMES = ("sqlite", "postgresql", "postgres", "redis", "rediss")
+SCHEMES = ("sqlite", "postgresql", "postgres", "redis", "rediss", "redis+sentinel")
 
 
 def default_store_url() -> str:
@@ -66,7 +66,7 @@ def _store_class(url: str) -> type[Store]:
         from cronwarden.stores.postgres import PostgresStore
 
         return PostgresStore
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+sentinel"):
         try:
             import redis  # noqa: F401
         except ImportError:
@@ -74,4 +74,6 @@ def _store_class(url: str) -> type[Store]:
         from cronwarden.stores.redis import RedisStore
 
         return RedisStore
-    raise StoreUrlError(url, f"unknown scheme {scheme!r}; expected one of sqlite, postgresql, redis")
+    raise StoreUrlError(
+        url, f"unknown scheme {scheme!r}; expected one of sqlite, postgresql, redis, redis+sentinel"
+    )

@@ -48,7 +48,6 @@ from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_positive_duration
 from cronwarden.errors import (
     LeaseLost,
-    LeaseRevoked,
     StoreError,
     StoreUnavailable,
     StoreUrlError,
@@ -74,7 +73,9 @@ from cronwarden.stores.base import (
     is_side_lease,
     pruned_kinds_sql,
     retention_of,
+    revocation,
     side_lease_key,
+    stop_mark,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
 
@@ -218,7 +219,7 @@ class PostgresStore(SqlStore):
         apply, and the client's watchdog still bounds every call."""
         if not SCHEMA_NAME.fullmatch(schema):
             raise StoreError(f"schema must be a plain SQL name (letters, digits, _), got {schema!r}")
-        self._clock = clock  # kept for the interface; expiry is the server's clock (G4)
+        self._clock = clock  # kept for the interface; expiry is the server's clock
         self.retention = retention
         self.schema = schema
         self._s = f'"{schema}"'
@@ -231,7 +232,7 @@ class PostgresStore(SqlStore):
         params.setdefault("application_name", "cronwarden")
         # synchronous_commit=on whatever the database or role says: a grant
         # acknowledged but lost in a crash would hand its fencing token out
-        # again (G2). Replication to an async standby is documented as a limit.
+        # again to a second holder. Replication to an async standby is documented as a limit.
         if pooler not in POOLERS:
             raise StoreError(f"pooler must be one of {', '.join(POOLERS)}, got {pooler!r}")
         self.pooler = pooler
@@ -520,7 +521,7 @@ class PostgresStore(SqlStore):
             return
         owner, revoked_by = why
         if owner == lease.run_id and revoked_by is not None:
-            raise LeaseRevoked(lease.key, revoked_by)
+            raise revocation(lease.key, revoked_by)
         raise LeaseLost(lease.key, "expired or taken by another run")
 
     def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
@@ -541,7 +542,7 @@ class PostgresStore(SqlStore):
             if why is None:
                 out.append(None)
             elif why:
-                out.append(LeaseRevoked(lease.key, why))
+                out.append(revocation(lease.key, why))
             else:
                 out.append(LeaseLost(lease.key, "expired or taken by another run"))
         return out
@@ -584,6 +585,12 @@ class PostgresStore(SqlStore):
 
     def unlock(self, key: str, owner: str) -> bool:
         return self._call(lambda c: c.execute(self._q["unlock"], (key, owner)).rowcount == 1)
+
+    def request_stop(self, key: str, run_id: str, grace: float, request: Event) -> bool:
+        args = (stop_mark(grace), key, run_id, request.event_id, request.kind.value, request.job,
+                request.run_id, request.at, _json(dict(request.data)))  # fmt: skip
+        row = self._call(lambda c: c.execute(self._q["request_stop"], args).fetchone())
+        return bool(row and row[0])
 
     def record(self, event: Event) -> None:
         args = (event.event_id, event.kind.value, event.job, event.run_id, event.at, _json(dict(event.data)))

@@ -95,7 +95,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Live: the holder, as every refusal reports it (G7).
+    -- Live: the holder, as every refusal reports it.
     SELECT r.host, r.pid, r.started_at INTO out_holder_host, out_holder_pid, out_holder_started_at
     FROM {s}.runs r WHERE r.run_id = l.owner;
     out_holder_run_id := l.owner;

@@ -54,7 +54,7 @@ end
 
 if not live then
   local abandoned = ''
-  -- An expired owner still in the open runs has no terminal record (G6).
+  -- An expired owner still in the open runs has no terminal record yet: it gets one, abandoned.
   if owner and redis.call('HDEL', KEYS[3], owner) == 1 then
     local ending = '"outcome":"abandoned","ended_at":' .. s.at .. ',"exit_code":null,"detail":'
       .. jstr('lease expired with no terminal record; found by run ' .. s.run_id)
@@ -77,7 +77,7 @@ if policy == 'replace' then
   return {'R', 'revoking', owner, hhost, hpid, hstarted, htoken, pttl}
 end
 
--- What a refusal or an overlap records of the holder and of this start (G7).
+-- What a refusal or an overlap records of the holder and of this start.
 local data = '{"holder_run_id":' .. jstr(owner) .. ',"holder_host":' .. jstr(hhost) .. ',"holder_pid":' .. hpid
   .. ',"holder_started_at":' .. hstarted .. ',"holder_age":'
   .. string.format('%.3f', tonumber(s.at) - tonumber(hstarted)) .. ',"holder_token":' .. htoken

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
-from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError, UsageError
+from cronwarden.errors import LeaseLost, StoreError, StoreUnavailable, StoreUrlError, UsageError
 from cronwarden.events import Event, EventKind, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
@@ -67,7 +67,9 @@ from cronwarden.stores.base import (
     is_side_lease,
     pruned_kinds_sql,
     retention_of,
+    revocation,
     side_lease_key,
+    stop_mark,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
 
@@ -588,6 +590,14 @@ class SqliteStore(SqlStore):
             db.execute(q["release"], (lease.key, lease.run_id))
             return Finished(owned=True, recorded=recorded)
 
+    def request_stop(self, key: str, run_id: str, grace: float, request: Event) -> bool:
+        now, boot = self._now()
+        with self._tx() as db:
+            if db.execute(self._q["request_stop"], (stop_mark(grace), key, run_id, boot, now)).rowcount != 1:
+                return False
+            self._insert_event(db, request)
+            return True
+
     def record(self, event: Event) -> None:
         with self._tx() as db:
             self._insert_event(db, event)
@@ -820,7 +830,7 @@ class _Transaction:
 def _refused(lease: Lease, row: Sequence[Any] | None) -> LeaseLost:
     """Why a renewal matched no row, from the lease's ``(owner, revoked_by)``."""
     if row is not None and row[0] == lease.run_id and row[1] is not None:
-        return LeaseRevoked(lease.key, row[1])
+        return revocation(lease.key, row[1])
     return LeaseLost(lease.key, "expired or taken by another run")
 
 

@@ -1,6 +1,6 @@
 -- Version 2: the outbox.
 
--- The outbox (G9): per sink, a mark below which every event is
+-- The outbox: per sink, a mark below which every event is
 -- acknowledged, plus the acknowledged events above it.
 CREATE TABLE {s}.outbox_marks (
     sink          text PRIMARY KEY,

@@ -1,6 +1,6 @@
 -- Version 5: the scheduler's slot claims. A new table and function: it rewrites nothing.
 
--- The scheduler's slot claims (Store.claim_slot, G8): no ledger. Each
+-- The scheduler's slot claims (Store.claim_slot: at most one run per slot): no ledger. Each
 -- claim of a job forgets that job's claims older than keep, so the table
 -- holds about keep seconds of claims per job.
 CREATE TABLE {s}.slot_claims (
