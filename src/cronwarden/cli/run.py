@@ -15,6 +15,7 @@ from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageEr
 from cronwarden.events import Event, JobInfo, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
+from cronwarden.preflight import MIN_TTL, job_options
 from cronwarden.stores.base import Refused
 
 if TYPE_CHECKING:
@@ -172,9 +173,6 @@ def _slot(text: str) -> float:
 
 LATEST_SLOT = 253_402_300_799.0
 """9999-12-31T23:59:59Z: a later slot is a mistake, and no date can show it."""
-MIN_TTL = 1.0
-"""The shortest ``--ttl``: a lease renewed every ttl/3 needs room for a round
-trip to the store and a late wake-up on a busy host, or it is always lost."""
 
 
 def _ttl(text: str) -> float:
@@ -279,15 +277,8 @@ def main(args: Any) -> int:
     _check_partition(settings, args.shard, config_path)
     schedule = _schedule(settings)
     now = SYSTEM_CLOCK.wall()
-    options = Options(
-        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=settings.renew_every,
-        max_runtime=settings.max_runtime, max_pending=settings.max_pending,
-        replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
-        slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),
-        # What the job declares, so the guard's declaration is the one saved below.
-        every=settings.every, schedule=settings.schedule, timezone=settings.timezone or None,
-        reason=settings.reason, grace=settings.grace,
-    )  # fmt: skip
+    slot = args.slot if args.slot is not None else None if schedule is None else schedule.slot(now)
+    options = job_options(settings, shard=args.shard, slot=slot)
     resolve_command(command[0])
     info = _job_info(settings, schedule, now)
     from cronwarden.supervisor import SignalRelay

@@ -17,7 +17,7 @@ def _open(args: Any) -> Any:
     from cronwarden.cli.args import existing_store_url
     from cronwarden.stores import open_store
 
-    return open_store(existing_store_url(args))
+    return open_store(existing_store_url(args), read_only=True)
 
 
 def configure_status(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,10 @@ def configure_history(p: argparse.ArgumentParser) -> None:
         "cronwarden backfill)."
     )
     p.add_argument("job", help="job name")
-    p.add_argument("--limit", type=int, default=20, help="how many runs, or slots with --slots (default 20)")
+    from cronwarden.cli.window import MOST_RUNS, count_flag
+
+    p.add_argument("--limit", type=count_flag("--limit", MOST_RUNS), default=20,
+                   help="how many runs, or slots with --slots (default 20)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--slots", action="store_true", help="the slot ledger: one line per expected slot")
     p.add_argument(
@@ -177,7 +180,7 @@ def _slots(args: Any, clock: Clock) -> int:
     from cronwarden.monitor.views import slot_items
 
     now = clock.wall()
-    store = open_store_of(args, clock)
+    store = open_store_of(args, clock, existing=True)
     try:
         info = next((j for j in config_jobs(args) if j.name == args.job), None) or store.job(args.job)
         since = None if args.since is None else now - args.since

@@ -38,9 +38,10 @@ not usable as configured, or refuses a request outright, raises
 import abc
 import enum
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
-from cronwarden.errors import LeaseLost, LeaseRevoked, StopRequested
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.errors import LeaseLost, LeaseRevoked, StopRequested, StoreUrlError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
@@ -318,6 +319,22 @@ class Store(abc.ABC):
     retention: Retention = KEEP_ALL
     """What its URL says to keep (``?retention=90d&keep_runs=1000``);
     nothing is pruned unless someone calls ``prune`` with it."""
+
+    # -- opening by URL -----------------------------------------------------
+
+    @classmethod
+    def parse_url(cls, url: str) -> Any:
+        """What ``url`` says to this store, read without connecting to
+        anything; ``StoreUrlError`` naming what is wrong (a malformed part, an
+        unknown option, a bad value). ``from_url`` opens what this returns,
+        and ``config check`` calls it alone (``cronwarden.stores.check_url``),
+        so the two refuse the same URLs."""
+        raise StoreUrlError(url, f"{cls.__name__} is not opened by URL")
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
+        """The store ``url`` names (read by ``parse_url``), connected."""
+        raise StoreUrlError(url, f"{cls.__name__} is not opened by URL")
 
     # -- leases and runs ----------------------------------------------------
 

@@ -261,8 +261,14 @@ class PostgresStore(SqlStore):
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresStore:
+        conninfo, keywords = cls.parse_url(url)
+        return cls(conninfo, clock=clock, **keywords)
+
+    @classmethod
+    def parse_url(cls, url: str) -> tuple[str, dict[str, Any]]:
         """``postgresql://user@host:port/db?schema=NAME&statement_timeout=5s&lock_timeout=2s``
-        plus any libpq parameter (``connect_timeout``, ``sslmode``, …)."""
+        plus any libpq parameter (``connect_timeout``, ``sslmode``, …): the
+        libpq URL and the store's keywords."""
         try:
             parts = urlsplit(url)
         except ValueError as e:  # e.g. "Invalid IPv6 URL"
@@ -300,16 +306,14 @@ class PostgresStore(SqlStore):
         # quote, not quote_plus: libpq reads a '+' in options literally.
         libpq_query = urlencode(libpq_params, quote_via=quote)
         conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, libpq_query, ""))
-        return cls(
-            conninfo,
-            schema=schema,
-            clock=clock,
-            statement_timeout=statement_timeout,
-            lock_timeout=lock_timeout,
-            url=mask_password(url),
-            pooler=pooler,
-            retention=retention,
-        )
+        try:
+            psycopg.conninfo.conninfo_to_dict(conninfo)
+        except psycopg.Error as e:
+            raise StoreUrlError(url, _one_line(e)) from None
+        return conninfo, {
+            "schema": schema, "statement_timeout": statement_timeout, "lock_timeout": lock_timeout,
+            "url": mask_password(url), "pooler": pooler, "retention": retention,
+        }  # fmt: skip
 
     # -- plumbing ---------------------------------------------------------
 

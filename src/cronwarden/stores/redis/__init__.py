@@ -183,10 +183,14 @@ class RedisStore(Store):
         self._scripts = Scripts(self._client, Limits.of(runs_per_job, events_per_job))
 
     @classmethod
+    def parse_url(cls, url: str) -> Settings:
+        return Settings.parse(url)
+
+    @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> RedisStore:
         """A store on the client ``url`` describes (``client.Settings.parse``
         says what a URL may hold)."""
-        settings = Settings.parse(url)
+        settings = cls.parse_url(url)
         return cls(
             settings.client(),
             prefix=settings.prefix,
