@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config import ENV_SCHEDULER_STORE, WITHHELD_FROM_COMMAND, JobSettings
@@ -52,6 +52,9 @@ from cronwarden.errors import CronwardenError, StoreError, StoreUnavailable
 from cronwarden.events import Event, EventKind
 from cronwarden.schedule import Schedule
 from cronwarden.stores.base import Store
+
+if TYPE_CHECKING:
+    from cronwarden.guard import Options
 
 DEFAULT_MISFIRE_GRACE = 60.0
 DEFAULT_KEEP = 86400.0
@@ -342,6 +345,21 @@ class Fire:
         self._done.set()
 
 
+def job_options(st: JobSettings, *, shard: str | None = None, slot: float | None = None) -> Options:
+    """How a configured job is guarded and what it declares, as the guard
+    takes it: each fire's (with its shard and slot), and the scheduler's
+    declaration of the job at start, which makes the fires' own a no-op."""
+    from cronwarden.guard import Options
+
+    return Options(
+        ttl=st.ttl, policy=st.policy, shard=shard, max_runtime=st.max_runtime,
+        max_pending=st.max_pending, replace_grace=st.replace_grace, renew_every=st.renew_every,
+        allow_unpartitioned=st.allow_unpartitioned, slot=slot,
+        every=st.every, schedule=st.schedule, timezone=st.timezone or None, reason=st.reason,
+        grace=st.grace,
+    )  # fmt: skip
+
+
 class InProcess:
     """Runs fires in this process: a start queue served by at most
     ``concurrency`` worker threads (started as needed), each doing what
@@ -422,7 +440,7 @@ class InProcess:
     def _fire(self, fire: Fire) -> int:
         """One slot, start to end; the command's exit status (0 when it did
         not start)."""
-        from cronwarden.guard import Guard, Options, describe_refusal
+        from cronwarden.guard import Guard, describe_refusal
         from cronwarden.stores.base import Refused
 
         job = fire.job
@@ -439,13 +457,7 @@ class InProcess:
             return 0
         st = job.settings
         try:
-            options = Options(
-                ttl=st.ttl, policy=st.policy, shard=fire.shard, max_runtime=st.max_runtime,
-                max_pending=st.max_pending, replace_grace=st.replace_grace, renew_every=st.renew_every,
-                allow_unpartitioned=st.allow_unpartitioned, slot=fire.slot,
-                every=st.every, schedule=st.schedule, timezone=st.timezone or None, reason=st.reason,
-                grace=st.grace,
-            )  # fmt: skip
+            options = job_options(st, shard=fire.shard, slot=fire.slot)
             guard = Guard(self.warden, job.name, options)
             started = guard.acquire()
         except CronwardenError as e:

@@ -9,10 +9,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.cli.args import STORE_FLAG, add_flags, duration
-from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
+from cronwarden.config import ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.durations import format_duration
 from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageError
-from cronwarden.events import JobInfo, Outcome
+from cronwarden.events import Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
 from cronwarden.stores.base import Refused
@@ -89,32 +89,6 @@ def _check_partition(settings: JobSettings, shard: str | None, config_path: str 
     if settings.allow_unpartitioned and not settings.reason:
         raise UsageError("--allow-unpartitioned needs --reason 'one sentence on why overlapping runs are "
                          "safe' (or reason = \"…\" in the job's config)")  # fmt: skip
-
-
-def _job_info(settings: JobSettings, schedule: Schedule | None, now: float) -> JobInfo | None:
-    """What the monitor should know about this job, or None when the run says
-    nothing beyond the defaults (a bare ``cronwarden run --job x``): then the
-    store is not asked at all."""
-    said = (
-        settings.in_file or schedule is not None or settings.reason or settings.policy is not Policy.SKIP
-        or settings.grace is not None or settings.max_runtime is not None or settings.ttl != DEFAULT_TTL
-    )  # fmt: skip
-    if not said:
-        return None
-    return JobInfo(
-        name=settings.name, schedule=settings.schedule_text(),
-        period=None if schedule is None else schedule.period(now), policy=settings.policy.value,
-        reason=settings.reason, ttl=settings.ttl, grace=settings.grace, max_runtime=settings.max_runtime,
-        updated_at=now,
-    )  # fmt: skip
-
-
-def _sync_job(store: Store, info: JobInfo) -> None:
-    """Save the job's settings only when they changed: one read per run with
-    a schedule or config, a write only after an edit."""
-    known = store.job(info.name)
-    if known is None or known._replace(updated_at=info.updated_at) != info:
-        store.save_job(info)
 
 
 EXIT_LEASE_LOST = 3
@@ -281,12 +255,11 @@ def main(args: Any) -> int:
         max_runtime=settings.max_runtime, max_pending=settings.max_pending,
         replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
         slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),
-        # What the job declares, so the guard's declaration is the one saved below.
+        # What the job declares: the guard saves it in the store, once.
         every=settings.every, schedule=settings.schedule, timezone=settings.timezone or None,
         reason=settings.reason, grace=settings.grace,
     )  # fmt: skip
     resolve_command(command[0])
-    info = _job_info(settings, schedule, now)
     from cronwarden.supervisor import SignalRelay
 
     # From before the lease is taken until its end is recorded, a SIGTERM,
@@ -303,8 +276,11 @@ def main(args: Any) -> int:
         try:
             warden = Warden(url, quiet=args.quiet)
             guard = Guard(warden, args.job, options)
-            if info is not None:
-                _sync_job(warden.store, info)
+            if settings.in_file and not options.declares():
+                # A job of the config file is known to audit and the monitor
+                # even when it says nothing beyond the defaults; otherwise
+                # the guard declares what the options say as it acquires.
+                warden.declare(args.job, options)
             started = guard.acquire()
         except StoreUnavailable as e:
             if args.on_store_error != "run":

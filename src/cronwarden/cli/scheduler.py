@@ -115,11 +115,19 @@ def _concurrency(text: str) -> int:
 
 def main(args: Any) -> int:
     from cronwarden.cli.args import store_url
-    from cronwarden.cli.run import _job_info, _schedule, _sync_job, resolve_command
+    from cronwarden.cli.run import resolve_command
     from cronwarden.config import find, load
     from cronwarden.errors import mask_password
     from cronwarden.guard import Warden
-    from cronwarden.scheduler import InProcess, Launchers, RunLauncher, ScheduledJob, Scheduler, Wakeup
+    from cronwarden.scheduler import (
+        InProcess,
+        Launchers,
+        RunLauncher,
+        ScheduledJob,
+        Scheduler,
+        Wakeup,
+        job_options,
+    )
     from cronwarden.stores import open_store
 
     path = find(args.config)
@@ -184,11 +192,12 @@ def main(args: Any) -> int:
         # maybe a day away. Forgotten like any claim.
         store.claim_slot(jobs[0].name, -1.0, sched.owner, args.keep)
         for job in jobs:
-            # What cronwarden run saves for the monitor (schedule, policy, …),
-            # once at start rather than at every fire.
-            info = _job_info(job.settings, _schedule(job.settings), sched.clock.wall())
-            if info is not None and not job.settings.detach:
-                _sync_job(store, info)
+            # What each job declares (schedule, policy, …), saved for the
+            # monitor once at start through the warden its fires guard with,
+            # so a fire's own declaration finds it done. A detached job's
+            # `cronwarden run` declares it itself.
+            if not job.settings.detach:
+                warden.declare(job.name, job_options(job.settings))
         say(
             f"cronwarden scheduler {sched.instance}: {len(jobs)} job(s) from {path} "
             f"on {mask_password(url)}: {listed}"
