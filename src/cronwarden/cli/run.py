@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cronwarden.cli.args import STORE_FLAG, add_flags, duration
 from cronwarden.config import ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.durations import format_duration
-from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageError
+from cronwarden.errors import StoreError, StoreUnavailable, UsageError
 from cronwarden.events import Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
@@ -288,6 +288,7 @@ def main(args: Any) -> int:
                       "to run unguarded)", file=sys.stderr)  # fmt: skip
                 return EXIT_STORE
             print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
+            relay.close()  # the command gets the signals as they were, and so does cronwarden
             return _unguarded(command)
         try:
             return _supervise(args, command, options, guard, started, relay, _command_env(args, url))
@@ -368,8 +369,9 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
     while run is not None:
         if relay.signalled is not None:
             # Asked to stop before this run's command started: it never runs.
-            guard.end(run, Interrupted(relay.signalled, "before the command started"))
-            return 128 + int(relay.signalled)
+            stop = relay.interrupted("before the command started")
+            guard.end(run, stop)
+            return stop.exit_code
         env = {
             **base_env,
             "CRONWARDEN_RUN_ID": run.run_id,

@@ -21,6 +21,13 @@ SELECT * FROM {s}.finish(%s::text, %s::text, %s::text, %s::bigint, %s::text, %s:
                          %s::text, %s::text, %s::text, %s::text, %s::integer, %s::float8, %s::float8,
                          %s::float8);
 
+-- name: end_signal --
+-- An interrupted run's end event gets what is known of the signal, in the
+-- transaction of the finish that wrote it (the one exception to one
+-- statement per call: only a run stopped by a signal pays for it).
+UPDATE {s}.events SET data = data || jsonb_build_object('signal', %s::jsonb)
+WHERE job = %s AND kind = %s AND run_id = %s;
+
 -- name: renew --
 UPDATE {s}.leases SET expires = clock_timestamp() + make_interval(secs => %s::float8)
 WHERE key = %s AND owner = %s AND expires > clock_timestamp() AND revoked_by IS NULL;
