@@ -51,9 +51,19 @@ class EventKind(enum.StrEnum):
     MISFIRED = "misfired"
     """A slot not started late: its time had passed by more than the misfire
     grace or the catch-up policy allows (data: slot, late_by)."""
+    BACKFILLED = "backfilled"
+    """A past slot started by ``cronwarden backfill`` (data: slot, run_id,
+    asked_by); the run itself is recorded as any run is."""
     # Operators' decisions about a job (data: by, reason, until when timed).
     JOB_PAUSED = "job_paused"
     JOB_RESUMED = "job_resumed"
+    TRIGGERED = "triggered"
+    """A run started by hand (``cronwarden trigger``), outside the schedule:
+    the started or refused start with the same ``run_id`` is that run (data:
+    by, reason)."""
+    STOP_REQUESTED = "stop_requested"
+    """Someone asked the open run ``run_id`` to stop (``cronwarden stop``;
+    data: by, reason, grace); the run records ``stopped`` when it has."""
     SNOOZED = "snoozed"
     """The job's findings are still recorded, but not delivered to alerting
     sinks, until ``data["until"]``."""

@@ -31,6 +31,7 @@ instance can claim a slot again after it ran.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import secrets
@@ -44,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config import ENV_SCHEDULER_STORE, WITHHELD_FROM_COMMAND, JobSettings
@@ -52,9 +53,6 @@ from cronwarden.errors import CronwardenError, StoreError, StoreUnavailable
 from cronwarden.events import Event, EventKind
 from cronwarden.schedule import Schedule
 from cronwarden.stores.base import Store
-
-if TYPE_CHECKING:
-    from cronwarden.guard import Options
 
 DEFAULT_MISFIRE_GRACE = 60.0
 DEFAULT_KEEP = 86400.0
@@ -85,6 +83,31 @@ class ScheduledJob:
     @classmethod
     def from_settings(cls, settings: JobSettings) -> ScheduledJob:
         return cls(settings, Schedule.parse(settings.schedule_text() or ""))
+
+    @functools.cached_property
+    def offset(self) -> float:
+        """Seconds after each fire time that the job starts (``jitter``)."""
+        return jitter_offset(self.name, self.settings.jitter)
+
+    def window(self, misfire_grace: float) -> float:
+        """How late a slot of this job may still start: the misfire grace, or
+        with ``catchup = "latest"|"all"`` its ``catchup_window`` when set."""
+        st = self.settings
+        if st.catchup == "skip" or st.catchup_window is None:
+            return misfire_grace
+        return st.catchup_window
+
+
+def jitter_offset(name: str, jitter: float) -> float:
+    """A job's offset in [0, ``jitter``): the same on every instance and at
+    every start (a hash of the name, not Python's per-process ``hash``),
+    spread evenly over the names."""
+    if jitter <= 0:
+        return 0.0
+    import hashlib
+
+    fraction = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
+    return round(fraction * jitter, 3)
 
 
 class Child(Protocol):
@@ -143,17 +166,28 @@ class Scheduler:
         if not self.misfire_grace > 0 or not self.keep > self.misfire_grace:
             raise ValueError("misfire_grace must be positive and less than keep")
         self.owner = f"{self.instance}#{secrets.token_hex(4)}"
-        now = self.clock.wall()
-        for job in self.jobs:
-            # The latest slot, if it is still within the grace: a restart
-            # between a fire time and its grace loses nothing (the claim
-            # says whether another instance fired it already).
-            latest = job.schedule.slot(now)
-            in_grace = now - latest <= self.misfire_grace
-            self._next[job.name] = latest if in_grace else job.schedule.next_fire(now)
+        self._due_at: dict[str, float] = {}
+        """Each job's next slot plus its offset: when it is due."""
+        self._plan(self.jobs, self.clock.wall())
+
+    def _plan(self, jobs: Sequence[ScheduledJob], now: float) -> None:
+        for job in jobs:
+            # The latest slot due, if still within the job's window: a
+            # restart between a fire time and its grace loses nothing (the
+            # claim says whether another instance fired it already). With
+            # ``catchup = "all"`` the first slot within the window, and the
+            # walk forward in ``_due`` fires each from there.
+            due = now - job.offset
+            back = due - job.window(self.misfire_grace)
+            first = job.schedule.slot(back if job.settings.catchup == "all" else due)
+            self._set_next(job, first if first >= back else job.schedule.next_fire(first))
+
+    def _set_next(self, job: ScheduledJob, slot: float) -> None:
+        self._next[job.name] = slot
+        self._due_at[job.name] = slot + job.offset
 
     def next_fire(self) -> float:
-        return min(self._next.values(), default=math.inf)
+        return min(self._due_at.values(), default=math.inf)
 
     def tick(self) -> float:
         """Fire every slot that is due, reap finished runs; the time of the
@@ -163,42 +197,84 @@ class Scheduler:
             # The clock is read per job: claims take store round trips, and
             # a long loop must not judge its last jobs by its start time.
             now = self.clock.wall()
-            if self._next[job.name] <= now:
+            if self._due_at[job.name] <= now:
                 self._due(job, now)
         return self.next_fire()
 
-    def _due(self, job: ScheduledJob, now: float) -> None:
-        earlier, latest = self._latest(job, self._next[job.name], now)
-        if earlier:
-            # A late tick (a suspended host, a long stall): only the latest
-            # due slot may still run; earlier ones are not started late.
-            listed = ", ".join(_when(t) for t in earlier[:MISSED_LISTED])
-            more = " and more" if len(earlier) > MISSED_LISTED else ""
-            self.say(f"{_when(now)} {job.name}: not started late: {listed}{more} (a later slot is due)")
-        if now - latest <= self.misfire_grace:
-            self._fire(job, latest)
-        else:
-            late = f"{now - latest:.0f}s late, past the misfire grace {self.misfire_grace:g}s"
-            self._say(job.name, None, latest, f"not fired: {late}")
-        self._next[job.name] = job.schedule.next_fire(latest)
+    def reload(self, jobs: Sequence[ScheduledJob]) -> tuple[list[str], list[str], list[str]]:
+        """Fire ``jobs`` from now on (a reloaded config): the names added,
+        removed and changed. A job whose schedule, jitter and catch-up are
+        unchanged keeps its next slot, so a reload loses and repeats none; an
+        added or rescheduled one starts at its next slot after now (a slot
+        before the reload was not its own). Runs already going keep the
+        settings they started with."""
+        now = self.clock.wall()
+        old = {j.name: j for j in self.jobs}
+        new = {j.name: j for j in jobs}
+        added = [n for n in new if n not in old]
+        removed = [n for n in old if n not in new]
+        changed = [n for n in new if n in old and _same(new[n]) != _same(old[n])]
+        for name in removed:
+            del self._next[name], self._due_at[name]
+        for name, job in new.items():
+            was = old.get(name)
+            if was is not None and _timing(was) == _timing(job):
+                self._set_next(job, self._next[name])
+            else:
+                self._set_next(job, job.schedule.next_fire(now - job.offset))
+        self.jobs = list(jobs)
+        return added, removed, changed
 
-    def _latest(self, job: ScheduledJob, first: float, now: float) -> tuple[list[float], float]:
-        """The latest fire time at or before ``now``, walking forward from the
-        due one ``first``, and the fire times passed on the way (at most
-        MISSED_LISTED + 1 of them). Forward, because that is how fire times
+    def _due(self, job: ScheduledJob, now: float) -> None:
+        """The job's slots due by ``now``: those past its window are not
+        started late (said), and of those within it ``catchup`` chooses: the
+        latest (``skip``, ``latest``) or each (``all``)."""
+        window = job.window(self.misfire_grace)
+        passed, due, last = self._walk(job, self._next[job.name], now - job.offset, now - job.offset - window)
+        fire = due if job.settings.catchup == "all" else due[-1:]
+        passed += [t for t in due if t not in fire]
+        if passed:
+            # A late tick (a suspended host, a long stall) or a start after
+            # a time down: these are not started late.
+            listed = ", ".join(_when(t) for t in passed[:MISSED_LISTED])
+            more = " and more" if len(passed) > MISSED_LISTED else ""
+            why = "a later slot is due" if fire else f"past the window {window:g}s"
+            self.say(f"{_when(now)} {job.name}: not started late: {listed}{more} ({why})")
+        for slot in fire:
+            self._fire(job, slot)
+        self._set_next(job, job.schedule.next_fire(last))
+
+    def _walk(self, job: ScheduledJob, first: float, horizon: float,
+              cutoff: float) -> tuple[list[float], list[float], float]:  # fmt: skip
+        """The fire times from ``first`` to ``horizon``: those before
+        ``cutoff`` (at most MISSED_LISTED + 1 of them), those from it (at most
+        MAX_WALK), and the last one. Forward, because that is how fire times
         are made: in a repeated hour (daylight saving ends) ``slot(now)``,
         which looks back, gives the first pass of the hour, a slot already
         fired. A very long gap is jumped over."""
-        earlier: list[float] = []
+        passed: list[float] = []
         t = first
         for _ in range(MAX_WALK):
+            if t >= cutoff:
+                break
             nxt = job.schedule.next_fire(t)
-            if nxt > now:
-                return earlier, t
-            if len(earlier) <= MISSED_LISTED:
-                earlier.append(t)
+            if nxt > horizon:
+                break
+            if len(passed) <= MISSED_LISTED:
+                passed.append(t)
             t = nxt
-        return earlier, max(t, job.schedule.slot(now))
+        else:
+            t = max(t, job.schedule.slot(cutoff))
+        due: list[float] = []
+        last = t
+        while t <= horizon and len(due) < MAX_WALK:
+            if t >= cutoff:
+                due.append(t)
+            elif len(passed) <= MISSED_LISTED:
+                passed.append(t)
+            last = t
+            t = job.schedule.next_fire(t)
+        return passed, due, last
 
     def _claim(self, job: ScheduledJob, slot: float) -> str:
         try:
@@ -222,6 +298,8 @@ class Scheduler:
         if owner != self.owner:
             self._say(job.name, None, slot, f"fired by {owner}")
             return
+        if self._paused(job, slot):
+            return
         self.fired += 1
         for shard in job.settings.shards or (None,):
             try:
@@ -232,6 +310,26 @@ class Scheduler:
             self.running.append(Started(job.name, slot, shard, child, job.settings.detach))
             if not isinstance(child, Fire):  # a fire says itself when it starts
                 self._say(job.name, shard, slot, f"started, pid {child.pid}")
+
+    def _paused(self, job: ScheduledJob, slot: float) -> bool:
+        """Whether the job is paused (``cronwarden pause``): then its slot,
+        claimed by this instance, is recorded ``paused``, not fired. A store
+        that cannot say fails closed, as the claim does."""
+        from cronwarden.control import describe_pause, paused_slot
+
+        try:
+            pause = self.store.pause_state(job.name)
+            if pause is None:
+                return False
+            event_id = slot_event_id(EventKind.PAUSED, job.name, slot)
+            event = paused_slot(job.name, slot, pause, decided_by=self.instance, at=self.clock.wall(),
+                                event_id=event_id)  # fmt: skip
+            self.store.record(event)
+        except StoreError as e:
+            self._say(job.name, None, slot, f"not fired: {e}")
+            return True
+        self._say(job.name, None, slot, f"not fired: {describe_pause(pause)}")
+        return True
 
     def reap(self) -> None:
         """Forget finished runs, saying how each ended."""
@@ -250,12 +348,16 @@ class Scheduler:
         self.say(f"{_when(self.clock.wall())} {job}{on}: slot {_when(slot)} {what}")
 
     def serve(
-        self, sleep: Callable[[float], None], stop: Callable[[], bool], until: float | None = None
-    ) -> None:
+        self, sleep: Callable[[float], None], stop: Callable[[], bool], until: float | None = None,
+        between: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         """Tick until ``stop()`` or ``until`` (wall time). Between ticks,
         ``sleep(seconds)`` until the next fire, at most MAX_WAIT; it may
-        return early (a run ended, a signal arrived: see ``Wakeup``)."""
+        return early (a run ended, a signal arrived: see ``Wakeup``), and
+        ``between()`` is called before the next tick (a reload)."""
         while not stop():
+            if between is not None:
+                between()
             nxt = self.tick()
             if until is not None and self.clock.wall() >= until:
                 return
@@ -307,12 +409,17 @@ class Fire:
     waiting in the start queue, running, or done. ``pid`` is the keeper's
     once the command started (0 before)."""
 
-    def __init__(self, job: ScheduledJob, slot: float, shard: str | None) -> None:
+    def __init__(
+        self, job: ScheduledJob, slot: float, shard: str | None, backfill: str | None = None
+    ) -> None:
         from cronwarden.supervisor import SignalRelay
 
         self.job = job
         self.slot = slot
         self.shard = shard
+        self.backfill = backfill
+        """Who asked, for a past slot fired by ``cronwarden backfill``: no
+        lateness limit, and the run recorded ``backfilled``."""
         self.pid = 0
         self.relay = SignalRelay()
         """Never entered: the scheduler's main thread has the signal
@@ -343,21 +450,6 @@ class Fire:
     def _end(self, code: int) -> None:
         self.returncode = code
         self._done.set()
-
-
-def job_options(st: JobSettings, *, shard: str | None = None, slot: float | None = None) -> Options:
-    """How a configured job is guarded and what it declares, as the guard
-    takes it: each fire's (with its shard and slot), and the scheduler's
-    declaration of the job at start, which makes the fires' own a no-op."""
-    from cronwarden.guard import Options
-
-    return Options(
-        ttl=st.ttl, policy=st.policy, shard=shard, max_runtime=st.max_runtime,
-        max_pending=st.max_pending, replace_grace=st.replace_grace, renew_every=st.renew_every,
-        allow_unpartitioned=st.allow_unpartitioned, slot=slot,
-        every=st.every, schedule=st.schedule, timezone=st.timezone or None, reason=st.reason,
-        grace=st.grace,
-    )  # fmt: skip
 
 
 class InProcess:
@@ -395,8 +487,10 @@ class InProcess:
         self._idle = 0
         self._closed = False
 
-    def __call__(self, job: ScheduledJob, slot: float, shard: str | None) -> Fire:
-        fire = Fire(job, slot, shard)
+    def __call__(
+        self, job: ScheduledJob, slot: float, shard: str | None, *, backfill: str | None = None
+    ) -> Fire:
+        fire = Fire(job, slot, shard, backfill)
         with self._cond:
             if self._closed:
                 raise ValueError("the scheduler is stopping")
@@ -441,6 +535,7 @@ class InProcess:
         """One slot, start to end; the command's exit status (0 when it did
         not start)."""
         from cronwarden.guard import Guard, describe_refusal
+        from cronwarden.preflight import job_options
         from cronwarden.stores.base import Refused
 
         job = fire.job
@@ -448,11 +543,13 @@ class InProcess:
             self._say(fire, "not started: the scheduler is stopping")
             return 0
         now = self.clock.wall()
-        late = now - fire.slot
-        if late > self.misfire_grace:
+        late = now - fire.slot - job.offset
+        window = job.window(self.misfire_grace)
+        if late > window and fire.backfill is None:
             # Judged here, at this fire's own start: a queue that fell behind
             # does not start work later than a late wake-up would.
-            self._say(fire, f"not started: {late:.0f}s late, past the misfire grace {self.misfire_grace:g}s")
+            what = "misfire grace" if window == self.misfire_grace else "catch-up window"
+            self._say(fire, f"not started: {late:.0f}s late, past the {what} {window:g}s")
             self._record(EventKind.MISFIRED, fire, {"late_by": round(late, 3)})
             return 0
         st = job.settings
@@ -468,6 +565,8 @@ class InProcess:
             self._say(fire, said.removeprefix(f"cronwarden: {job.name} "))
             return 0
         run: Any = started
+        if fire.backfill is not None:
+            self._record(EventKind.BACKFILLED, fire, {"run_id": run.run_id, "asked_by": fire.backfill})
         code = 0
         while run is not None:  # policy queue: the pending starts, on the same lease
             exit_code, run = self._supervise(fire, guard, run, options)
@@ -529,6 +628,17 @@ class InProcess:
             self.warden.store.record(event)
         except StoreError as e:
             self._say(fire, f"{kind.value} not recorded: {e}")
+
+
+def _same(job: ScheduledJob) -> JobSettings:
+    """A job's settings but where they were read (a line moved is no change)."""
+    return job.settings._replace(sources={})
+
+
+def _timing(job: ScheduledJob) -> tuple[Any, ...]:
+    """What decides a job's fire times: unchanged by a reload, its next slot stands."""
+    st = job.settings
+    return (job.schedule, st.jitter, st.catchup, st.catchup_window)
 
 
 def slot_event_id(kind: EventKind, job: str, slot: float) -> str:

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cronwarden.cli.scheduler",
         "run the config file's jobs on schedule, once per slot across hosts",
     ),
+    "backfill": ("cronwarden.cli.backfill", "run a job's past slots now, each once, recorded as backfill"),
     "status": ("cronwarden.cli.status", "the runs open now, on every host"),
     "history": ("cronwarden.cli.status", "a job's recent runs and the skips between them"),
     "config": ("cronwarden.cli.config", "check the config file, or show each job's resolved settings"),
@@ -54,6 +55,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "keep a job's findings from alerting sinks for a while, with a reason",
     ),
     "unsnooze": ("cronwarden.cli.snooze", "end a job's snooze now"),
+    "trigger": ("cronwarden.cli.control", "run a job now, by hand, through its lease and policy"),
+    "pause": ("cronwarden.cli.control", "pause a job on every host until resume, with a reason"),
+    "resume": ("cronwarden.cli.control", "resume a paused job"),
+    "stop": ("cronwarden.cli.control", "stop an open run on whatever host it runs, with a reason"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""

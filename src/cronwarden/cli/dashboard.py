@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from cronwarden.web import Dashboard
 
 EPILOG = """pages:
-  /                every job's verdict, the findings that hold now, the open runs, the latest trouble
+  /                every job's strip of its last 20 slots and its verdict, the findings that hold now,
+                   the open runs, the latest trouble; ?verdict=failing&q=TEXT&per_page=100&page=2
   /jobs/NAME       one job: statistics, durations against the period, runs and refused starts
   /api/jobs        JSON; also /api/jobs/NAME, /api/runs, /api/events?job=&kind=&run_id=&since=&limit=
   /metrics         Prometheus exposition (needs pip install 'cronwarden[metrics]')

@@ -23,7 +23,12 @@ several hosts: start the same config on each, with a store they share (postgresq
   redis://…). Each fire is claimed in the store by job and time: one instance runs it,
   the others print who did. An instance that stops loses nothing but its own fires.
 
-stopping: SIGTERM, Ctrl-C or SIGHUP (unless under nohup) stops firing, sends SIGTERM to
+reload: SIGHUP reads the config file again: added jobs fire from their next slot, removed
+  ones never again, changed ones with their new settings from their next slot; runs already
+  going keep theirs. A file with a problem changes nothing (one line says what). The store
+  and the flags are read at start only.
+
+stopping: SIGTERM or Ctrl-C stops firing, sends SIGTERM to
   the runs still going (each stops its command and records how it ended) and waits up to
   --stop-timeout for them, then SIGKILLs the rest; a second signal SIGKILLs them at once.
   --for first waits up to --stop-timeout for the runs still going to end on their own.
@@ -107,6 +112,41 @@ class _Flusher:
         self._thread.join(timeout)
 
 
+def _reload(sched: Any, path: str, store_in_file: str | None, warden: Any,
+            say: Any) -> None:  # fmt: skip
+    """SIGHUP: read the config file again and fire its jobs from now on
+    (``Scheduler.reload``). A file that does not load, or has no job with a
+    command, changes nothing: one line says why and the old jobs go on."""
+    from cronwarden.config import load
+    from cronwarden.errors import CronwardenError
+    from cronwarden.preflight import job_options
+    from cronwarden.scheduler import ScheduledJob
+
+    head = f"cronwarden scheduler {sched.instance}: SIGHUP: reload of {path}"
+    try:
+        config = load(path)
+        jobs = [ScheduledJob.from_settings(j) for j in config.jobs if j.command]
+        if not jobs:
+            raise CronwardenError("no job has a command")
+    except (CronwardenError, OSError, ValueError) as e:
+        problems: tuple[Any, ...] = getattr(e, "problems", ())
+        why = f"{problems[0]} (and {len(problems) - 1} more)" if len(problems) > 1 else str(e)
+        say(f"{head} refused, the running config stays: {' '.join(why.split())}")
+        return
+    added, removed, changed = sched.reload(jobs)
+    for job in jobs:
+        if (job.name in added or job.name in changed) and not job.settings.detach:
+            try:
+                # Through the warden the fires guard with, as at start.
+                warden.declare(job.name, job_options(job.settings))
+            except CronwardenError as e:
+                say(f"{head}: {job.name}: its settings not saved for the monitor: {e}")
+    said = "; ".join(f"{what} {', '.join(names)}" for what, names in
+                     (("added", added), ("removed", removed), ("changed", changed)) if names)  # fmt: skip
+    kept = "" if config.store in (None, store_in_file) else "; its store is read at start only: not changed"
+    say(f"{head}: {len(jobs)} job(s){': ' + said if said else ', no change'}{kept}")
+
+
 def _concurrency(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 10_000:
         raise UsageError(f"--concurrency must be a whole number from 1 to 10000, got {text!r}")
@@ -119,15 +159,8 @@ def main(args: Any) -> int:
     from cronwarden.config import find, load
     from cronwarden.errors import mask_password
     from cronwarden.guard import Warden
-    from cronwarden.scheduler import (
-        InProcess,
-        Launchers,
-        RunLauncher,
-        ScheduledJob,
-        Scheduler,
-        Wakeup,
-        job_options,
-    )
+    from cronwarden.preflight import job_options
+    from cronwarden.scheduler import InProcess, Launchers, RunLauncher, ScheduledJob, Scheduler, Wakeup
     from cronwarden.stores import open_store
 
     path = find(args.config)
@@ -154,16 +187,29 @@ def main(args: Any) -> int:
             print(f"cronwarden scheduler: {job.name}: {e}; each fire will fail", file=sys.stderr)
 
     url = store_url(args, config.store)
+    # What config check checks beyond the file, by the same functions: each
+    # job's settings as its runs will check them, the host name, the store URL.
+    from cronwarden.config import ConfigError
+    from cronwarden.preflight import problems
+
+    source = "--store" if args.store else config.store_source
+    found = problems(config._replace(store=url, store_source=source))
+    if found:
+        raise ConfigError(found)
     store = open_store(url)
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping.append(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
-            continue  # started under nohup: a closed terminal is not a stop
+    reloads: list[int] = []
+
+    def on_hangup(signum: int, _frame: object) -> None:
+        reloads.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     # A run ended: wake up and reap it now. The handler does nothing; the
     # wakeup fd (see Wakeup) is what ends the sleep.
     signal.signal(signal.SIGCHLD, lambda _s, _f: None)
@@ -203,7 +249,13 @@ def main(args: Any) -> int:
             f"on {mask_password(url)}: {listed}"
         )
         until = None if args.for_ is None else sched.clock.wall() + args.for_
-        sched.serve(wakeup.sleep, lambda: bool(stopping), until)
+
+        def between() -> None:
+            if reloads:
+                reloads.clear()
+                _reload(sched, path, config.store, warden, say)
+
+        sched.serve(wakeup.sleep, lambda: bool(stopping), until, between)
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "
                 f"{len(sched.running)} run(s) still going")  # fmt: skip

@@ -26,9 +26,12 @@ from cronwarden.config.settings import (
     merge,
     positive,
 )
-from cronwarden.durations import parse_duration, parse_positive_duration
+from cronwarden.durations import format_duration, parse_duration, parse_positive_duration
 from cronwarden.errors import UsageError
 from cronwarden.policy import Policy
+
+CATCHUP = ("skip", "latest", "all")
+"""The values of a job's ``catchup`` (see ``JobSettings.catchup``)."""
 
 POLICY_KEYS: Mapping[str, Policy] = {
     "max_pending": Policy.QUEUE,
@@ -233,7 +236,8 @@ class _Reader:
         scheme = value.partition("://")[0].lower()
         if scheme not in SCHEMES:
             self.problem(
-                ("store",), f"store URL scheme must be one of sqlite, postgresql, redis, got {scheme!r}"
+                ("store",),
+                f"store URL scheme must be one of sqlite, postgresql, redis, redis+sentinel, got {scheme!r}",
             )
             return None
         return value
@@ -289,6 +293,13 @@ class _Reader:
                 "(every = \"…\" periods do not depend on a time zone)")  # fmt: skip
         if job.command and job.schedule is None and job.every is None:
             bad("command", "has a command but no schedule or every: the scheduler would never run it")
+        if job.jitter and (job.schedule is not None or job.every is not None):
+            from cronwarden.schedule import Schedule
+
+            period = Schedule.parse(job.schedule_text() or "").period()
+            if job.jitter >= period:
+                bad("jitter", f"jitter must be shorter than the job's period ({format_duration(period)}), "
+                    f"got {format_duration(job.jitter)}")  # fmt: skip
         if not policy_known:
             return
         for key, policy in POLICY_KEYS.items():
@@ -353,6 +364,14 @@ def _parse_value(key: str, raw: Any) -> Any:
     if key == "max_pending":
         if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
             raise UsageError(f"max_pending must be a whole number of at least 1, got {raw!r}")
+        return raw
+    if key in ("jitter", "catchup_window"):
+        if isinstance(raw, bool) or not isinstance(raw, str):
+            raise UsageError(f'{key} must be a duration string like "30s" or "10m", got {raw!r}')
+        return positive(key, parse_duration(raw, what=key), raw)
+    if key == "catchup":
+        if raw not in CATCHUP:
+            raise UsageError(f"catchup must be one of {', '.join(CATCHUP)}, got {raw!r}")
         return raw
     if key == "detach":
         if not isinstance(raw, bool):

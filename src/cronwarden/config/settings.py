@@ -66,6 +66,9 @@ JOB_KEYS = (
     "recovery_threshold",
     "maintenance",
     "detach",
+    "jitter",
+    "catchup",
+    "catchup_window",
 )
 MONITOR_KEYS = ("failure_threshold", "recovery_threshold", "maintenance")
 """Settings only the monitor reads (``check``, ``monitor``, ``audit``)."""
@@ -157,6 +160,15 @@ class JobSettings(NamedTuple):
     """The scheduler fires it as a ``cronwarden run`` child of its own
     session, which outlives a scheduler restart, instead of in its own
     process."""
+    jitter: float = 0.0
+    """Up to this many seconds after each fire time, the same for every fire
+    of the job: a stable offset made from its name (``Scheduler``)."""
+    catchup: str = "latest"
+    """Slots missed while no scheduler ran (or between two late ticks):
+    ``skip`` none, ``latest`` the last one, ``all`` each of them; only those
+    within ``catchup_window``."""
+    catchup_window: float | None = None
+    """How far back catch-up reaches (None: the scheduler's misfire grace)."""
 
     def schedule_text(self) -> str | None:
         """The schedule as ``Schedule.parse`` reads it back (what the store keeps)."""

@@ -218,7 +218,7 @@ class Monitor:
         """Statistics of one job, now."""
         info = self.store.job(job) or next((j for j in self.extra_jobs if j.name == job), None)
         now = self.clock.wall()
-        return self._read(job, info, now, self.store.open_runs(job))
+        return self._with_pause(self._read(job, info, now, self.store.open_runs(job)))
 
     def _read(self, job: str, info: JobInfo | None, now: float, opened: Sequence[RunRecord]) -> JobStats:
         """The bounded reads of one job, then its statistics."""
@@ -344,8 +344,27 @@ class Monitor:
         if rollup is not None and not opened:
             fast = self._from_rollup(job, info, now, rollup)
             if fast is not None:
-                return fast
-        return self._read(job, info, now, opened)
+                return self._with_pause(fast)
+        return self._with_pause(self._read(job, info, now, opened))
+
+    def _with_pause(self, stats: JobStats) -> JobStats:
+        """A scheduled job's pause (``cronwarden pause``), one indexed read:
+        while paused it is not expected to start, and a slot recorded
+        ``paused`` or a resume counts as the scheduler's last attempt, so
+        neither the pause nor the slots it held back are reported missed."""
+        if stats.schedule is None:
+            return stats
+        import dataclasses
+
+        # The newest of the pause's three kinds says both: paused (a pause,
+        # or a slot held back by one) or not (a resume), and since when.
+        kinds = (EventKind.PAUSED, EventKind.JOB_PAUSED, EventKind.JOB_RESUMED)
+        newest = self.store.events(EventQuery(job=stats.job, kinds=kinds, limit=1))
+        if not newest:
+            return stats
+        last = newest[0]
+        attempt = max(last.at, stats.last_attempt or last.at)
+        return dataclasses.replace(stats, paused=last.kind is not EventKind.JOB_RESUMED, last_attempt=attempt)
 
     def _from_rollup(self, job: str, info: JobInfo | None, now: float, r: Rollup) -> JobStats | None:
         """The statistics ``_read`` would compute, from the job's rollup, or

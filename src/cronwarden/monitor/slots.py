@@ -10,6 +10,7 @@ the monitor's ``missed``. A slot's decision is its best attempt, in this
 order; the other attempts of the slot are its ``extra`` (``too_often``):
 
 - ``ran``: a run started by slot + grace (its run id, outcome);
+- ``backfilled``: a run started later by ``cronwarden backfill`` (how late);
 - ``late``: a run started after slot + grace (how late);
 - ``queued``: a start queued behind a holder (it runs when the holder ends);
 - ``skipped``: a start refused by a holder (the holder's run id), or
@@ -38,10 +39,11 @@ SLOT_EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind.PAUSED,
     EventKind.MISFIRED,
     EventKind.MISSED,
+    EventKind.BACKFILLED,
 )
 """The events a slot's decision is read from, besides the runs."""
 
-RANK = ("ran", "late", "queued", "skipped", "paused", "misfired", "missed", "due")
+RANK = ("ran", "backfilled", "late", "queued", "skipped", "paused", "misfired", "missed", "due")
 """Decisions, best first: a slot's decision is its best attempt."""
 
 MOST_SLOTS = 10_000
@@ -94,6 +96,8 @@ def decide(
     sched = parse_schedule(schedule)
     early = min(60.0, period / 10)
     listed = set(slots)
+    events = list(events)
+    backfilled = {e.data.get("run_id") for e in events if e.kind is EventKind.BACKFILLED}
     attempts: dict[float, list[tuple[int, SlotDecision]]] = {}
 
     def slot_of(at: float, recorded: Any) -> float:
@@ -104,14 +108,14 @@ def decide(
         if s not in listed:
             continue
         late = r.started_at - s
-        kind = "ran" if late <= grace else "late"
+        kind = "ran" if late <= grace else "backfilled" if r.run_id in backfilled else "late"
         outcome = r.outcome.value if r.outcome is not None else "running"
         d = SlotDecision(slot=s, decision=kind, run_id=r.run_id, at=r.started_at, outcome=outcome,
-                         late_by=round(late, 3) if kind == "late" else None)  # fmt: skip
+                         late_by=round(late, 3) if kind != "ran" else None)  # fmt: skip
         attempts.setdefault(s, []).append((RANK.index(kind), d))
     for e in events:
-        if e.kind is EventKind.MISSED and "state" in e.data:
-            continue  # the monitor's finding, not a scheduler's decision
+        if (e.kind is EventKind.MISSED and "state" in e.data) or e.kind is EventKind.BACKFILLED:
+            continue  # the monitor's finding, or what a run (counted above) was
         s = slot_of(e.at, e.data.get("slot"))
         if s not in listed:
             continue

@@ -4,8 +4,10 @@ now, and how times and durations are written."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.durations import format_duration
@@ -14,6 +16,7 @@ from cronwarden.stores.base import EventQuery
 
 if TYPE_CHECKING:
     from cronwarden.monitor import Condition, JobStats, Thresholds
+    from cronwarden.monitor.slots import SlotDecision
     from cronwarden.stores.base import Store
 
 
@@ -79,6 +82,13 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
         for e in store.events(EventQuery(job=job, kinds=REFUSALS, since=read_since, limit=10_000))
         if since is None or e.at >= since or e.data.get("holder_run_id") in shown or e.run_id in shown
     ]
+    backfills = {
+        e.data.get("run_id"): e.data.get("slot")
+        for e in store.events(
+            EventQuery(job=job, kinds=[EventKind.BACKFILLED], since=read_since, limit=10_000)
+        )
+    }
+    manual = _manual(store, job, read_since)
     # What the end events of interrupted runs know of the signal (one read,
     # only when a shown run was interrupted).
     signals: dict[str, Any] = {}
@@ -92,14 +102,26 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
             "type": "run", "run_id": r.run_id, "started_at": r.started_at, "host": r.host, "pid": r.pid,
             "token": r.token, "outcome": r.outcome.value if r.outcome else "running",
             "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
+            "backfill_of": backfills.get(r.run_id), "manual": manual.get(r.run_id),
         }  # fmt: skip
         if r.run_id in signals:
             item["signal"] = signals[r.run_id]
         items.append((r.started_at, item))
     for e in refusals:
-        items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
+        item = {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}
+        if e.run_id in manual:
+            item["manual"] = manual[e.run_id]
+        items.append((e.at, item))
     items.sort(key=lambda item: item[0], reverse=True)
     return [i for _, i in items]
+
+
+def _manual(store: Store, job: str, since: float | None) -> dict[str, dict[str, Any]]:
+    """The job's manual starts (``cronwarden trigger``) since ``since``:
+    run id -> who started it and why."""
+    query = EventQuery(job=job, kinds=[EventKind.TRIGGERED], since=since, limit=10_000)
+    return {e.run_id: {"by": e.data.get("by"), "reason": e.data.get("reason")}
+            for e in store.events(query) if e.run_id}  # fmt: skip
 
 
 def slot_items(
@@ -130,6 +152,10 @@ def slot_items(
     events = store.events(
         EventQuery(job=job, kinds=SLOT_EVENT_KINDS, since=slots[0] - early, limit=8 * len(slots) + 100)
     )
+    # A manual start (cronwarden trigger) serves no slot: neither it nor its refusal decides one.
+    manual = _manual(store, job, slots[0] - early)
+    runs = [r for r in runs if r.run_id not in manual]
+    events = [e for e in events if e.run_id not in manual]
     decided = decide(slots, schedule, period, grace, now, runs, events)
     return [d.as_dict() for d in reversed(decided)]
 
@@ -138,10 +164,23 @@ def history_note(item: dict[str, Any]) -> str:
     """What a ``history_items`` item's NOTE says: a run's detail or exit
     status; a refused start's holder and how long it had held."""
     if item["type"] == "run":
-        return str(item["detail"] or ("" if item["exit_code"] in (None, 0) else f"exit {item['exit_code']}"))
+        note = str(item["detail"] or ("" if item["exit_code"] in (None, 0) else f"exit {item['exit_code']}"))
+        slot = item.get("backfill_of")
+        if isinstance(slot, int | float):
+            note = "; ".join(filter(None, [f"backfill of the {when(slot)} slot", note]))
+        return "; ".join(filter(None, [_manual_note(item), note]))
     age = item.get("holder_age")
     held = f" for {format_duration(age)}" if isinstance(age, int | float) else ""
-    return f"held by {item.get('holder_run_id', '?')}{held}"
+    return "; ".join(filter(None, [_manual_note(item), f"held by {item.get('holder_run_id', '?')}{held}"]))
+
+
+def _manual_note(item: dict[str, Any]) -> str:
+    """``manual by alice@ops-1: why`` for a manual start's item, else ""."""
+    manual = item.get("manual")
+    if not isinstance(manual, dict):
+        return ""
+    why = f": {manual['reason']}" if manual.get("reason") else ""
+    return f"manual by {manual.get('by') or 'someone'}{why}"
 
 
 def state(run: RunRecord) -> str:
@@ -172,3 +211,76 @@ def open_run_item(r: RunRecord, pending: int, now: float) -> dict[str, Any]:
         "lease_expires_in": None if r.expires_in is None else round(r.expires_in, 3),
         "state": state(r).split(" ")[0], "pending": pending,
     }  # fmt: skip
+
+
+STRIP_SLOTS = 20
+"""Cells in a job's strip on the dashboard's front page."""
+
+_RUN_CELL = {"succeeded": "ok", "running": "run", "replaced": "other", "stopped": "other"}
+"""A run's cell by its outcome; every other ending (failed, timed out, lease
+lost, abandoned, interrupted) is ``bad``, as it counts toward ``failing``."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a job's strip: ``kind`` (ok, bad, run, other, late,
+    queued, skipped, paused, misfired, missed, due) and what happened."""
+
+    kind: str
+    at: float
+    what: str
+
+
+def strip_cells(store: Store, stats: JobStats, n: int = STRIP_SLOTS) -> list[Cell]:
+    """The job's last ``n`` slots, oldest first, one cell each: what the slot
+    ledger (``monitor.slots.decide``) decided for it, a run's cell coloured
+    by how it ended. A job without a schedule has its last ``n`` runs
+    instead. Two bounded reads (see ``slot_decisions``), so a page of jobs
+    costs what its rows cost, whatever the size of the ledger."""
+    if not (stats.schedule and stats.period and stats.schedule_error is None):
+        runs = store.runs(stats.job, n)
+        return [_run_cell(r.started_at, r.outcome.value if r.outcome else "running", r.run_id)
+                for r in reversed(runs)]  # fmt: skip
+    cells = []
+    for d in slot_decisions(store, stats, stats.now - (n + 1) * stats.period, n):
+        if d.decision in ("ran", "late") and d.outcome is not None:
+            cell = _run_cell(d.slot, d.outcome, d.run_id or "")
+            if d.decision == "late" and cell.kind == "ok":
+                cell = Cell("late", d.slot, f"started {format_duration(d.late_by or 0.0)} late, succeeded")
+            cells.append(cell)
+            continue
+        holder = f" (held by {d.run_id})" if d.run_id and d.decision in ("queued", "skipped") else ""
+        cells.append(Cell(d.decision, d.slot, f"{d.decision}{holder}"))
+    return cells
+
+
+def slot_decisions(store: Store, stats: JobStats, since: float, most: int) -> list[SlotDecision]:
+    """The slot ledger's decisions (oldest first) for the job's last ``most``
+    slots after ``since``; empty for a job without a schedule. Two reads,
+    bounded by ``most``: the job's latest runs and its refusals and scheduler
+    decisions since the first slot. A slot older than what the reads
+    reached (many extra starts) is left out rather than called missed."""
+    from cronwarden.monitor.slots import SLOT_EVENT_KINDS, decide, expected_slots
+
+    if not (stats.schedule and stats.period and stats.schedule_error is None):
+        return []
+    period, grace = stats.period, stats.grace or 0.0
+    slots = expected_slots(stats.schedule, since, stats.now, most)
+    if not slots:
+        return []
+    early = min(60.0, period / 10)
+    read = 2 * len(slots) + 4  # a crowded slot's extra starts, within reason
+    runs = store.runs(stats.job, read)
+    events = store.events(
+        EventQuery(job=stats.job, kinds=SLOT_EVENT_KINDS, since=slots[0] - early, limit=4 * read)
+    )
+    reached = max(
+        runs[-1].started_at if len(runs) >= read else -math.inf,
+        events[-1].at if len(events) >= 4 * read else -math.inf,
+    )
+    slots = [s for s in slots if s + early > reached]
+    return decide(slots, stats.schedule, period, grace, stats.now, runs, events)
+
+
+def _run_cell(at: float, outcome: str, run_id: str) -> Cell:
+    return Cell(_RUN_CELL.get(outcome, "bad"), at, f"{outcome} ({run_id})" if run_id else outcome)

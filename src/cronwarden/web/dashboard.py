@@ -29,12 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from cronwarden.errors import StoreError, StoreUnavailable, UsageError, mask_password
 from cronwarden.events import Event, EventKind
-from cronwarden.monitor import RESOLVED, JobStats, Monitor, Pass, Verdict
+from cronwarden.monitor import RESOLVED, Condition, JobStats, Monitor, Pass, Severity, Verdict
 from cronwarden.monitor.views import (
+    STRIP_SLOTS,
     audit_item,
     condition_item,
     dur,
@@ -42,13 +43,16 @@ from cronwarden.monitor.views import (
     history_note,
     open_run_item,
     open_runs,
+    slot_decisions,
     state,
+    strip_cells,
     when,
 )
 from cronwarden.sinks.base import event_json
 from cronwarden.stores.base import EventQuery
 from cronwarden.web.render import (
     CSS,
+    STRIP_CSS,
     ago,
     badge,
     css_class,
@@ -59,20 +63,59 @@ from cronwarden.web.render import (
     outcome_badge,
     severity_badge,
     share,
+    strip,
     table,
 )
 
 DEFAULT_REFRESH = 30.0
 
+PAGE_SIZE = 100
+"""Jobs on one front page (``?per_page=`` changes it, up to ``PAGE_SIZE_MAX``)."""
+PAGE_SIZE_MAX = 1000
+CHART_SLOTS = 1000
+"""The most slots a job's chart marks missed (the span of the runs it shows)."""
+LISTED_MAX = 100
+"""The most findings and open runs the front page lists (the API has all)."""
+
 EVENTS_MAX = 1000
 """The most events one ``/api/events`` call returns."""
 
-FINE = {EventKind.STARTED, EventKind.SUCCEEDED, EventKind.QUEUED, EventKind.SINK_RECOVERED}
-
-TROUBLE = tuple(k for k in EventKind if k not in FINE)
-"""What the pages list as the latest trouble: every kind of event but a
-start, a success, a queued start and a sink back up; and of the monitor's
-findings, those raised (a resolution is good news)."""
+TROUBLE: tuple[EventKind, ...] = (
+    EventKind.ABANDONED,
+    EventKind.FAILED,
+    EventKind.FAILING,
+    EventKind.GRACE_TOO_WIDE,
+    EventKind.INTERRUPTED,
+    EventKind.JOB_PAUSED,
+    EventKind.JOB_RESUMED,
+    EventKind.LEASE_LOST,
+    EventKind.MISFIRED,
+    EventKind.MISSED,
+    EventKind.OVERLAP,
+    EventKind.PAUSED,
+    EventKind.POLICY_UNDECIDED,
+    EventKind.QUEUE_FULL,
+    EventKind.REPLACED,
+    EventKind.SINK_FAILED,
+    EventKind.SINK_REJECTED,
+    EventKind.SKIPPED,
+    EventKind.SKIPS_IN_A_ROW,
+    EventKind.SLOW,
+    EventKind.SNOOZED,
+    EventKind.STOPPED,
+    EventKind.STUCK,
+    EventKind.TIMED_OUT,
+    EventKind.TOO_OFTEN,
+    EventKind.UNSNOOZED,
+)
+"""What the pages list as the latest trouble: endings that are not a
+success, refused and missed starts, the scheduler's pauses, sink failures,
+snoozes and the monitor's findings (of those, the raised ones: a resolution
+is good news). Not a start, a success, a queued start, a sink back up, nor
+an operator's trigger or stop request. Listed, not derived: the read across
+jobs goes through a partial index of exactly these kinds (SQLite migration
+0013, PostgreSQL 0015), so a kind added here needs the index's list
+changed by a migration too (tests/test_dashboard_front.py checks the plan)."""
 
 
 @dataclass(frozen=True)
@@ -242,19 +285,71 @@ class Dashboard:
     # -- pages ------------------------------------------------------------
 
     def _front(self, _: str, query: Mapping[str, list[str]]) -> Response:
+        verdicts = _verdicts(query)
+        text = (_one(query, "q") or "").strip()
+        per_page = _int(query, "per_page", PAGE_SIZE, 1, PAGE_SIZE_MAX)
+        page = _int(query, "page", 1, 1, 1_000_000)
         result = self._pass()
         t = self.monitor.thresholds
         now = result.at
-        counts = Counter(s.verdict(t) for s in result.stats)
-        runs = open_runs(self.store, runs=result.open_runs)  # the pass read them
+        verdict_of = {s.job: s.verdict(t) for s in result.stats}
+        counts = Counter(verdict_of.values())
+        needle = text.casefold()
+        matching = [
+            s for s in result.stats
+            if (not verdicts or verdict_of[s.job] in verdicts) and needle in s.job.casefold()
+        ]  # fmt: skip
+        pages = max(1, math.ceil(len(matching) / per_page))
+        page = min(page, pages)
+        shown = matching[(page - 1) * per_page : page * per_page]
+        by_job: dict[str, list[Condition]] = {}
+        for c in result.active:
+            by_job.setdefault(c.job, []).append(c)
+
+        def link(**change: Any) -> str:
+            params = {"verdict": [v.value for v in verdicts], "q": text, "per_page": per_page, "page": page}
+            params.update(change)
+            if params["per_page"] == PAGE_SIZE:
+                del params["per_page"]
+            if params["page"] == 1:
+                del params["page"]
+            kept = {k: v for k, v in params.items() if v not in ("", [], None)}
+            return "/?" + urlencode(kept, doseq=True) if kept else "/"
+
         chips = [
-            f'<span class="chip {css_class(v)}">{counts[v]} {esc(v)}</span>' for v in Verdict if v in counts
+            f'<a class="chip {css_class(v)}" href="{esc(link(verdict=[v.value], page=1))}">'
+            f"{counts[v]} {esc(v)}</a>"
+            for v in Verdict
+            if v in counts
         ]
         summary = " ".join(chips) or '<span class="chip">no jobs yet</span>'
+        runs = open_runs(self.store, runs=result.open_runs)  # the pass read them
         summary += f' <span class="chip">{len(runs)} open run{"s" * (len(runs) != 1)}</span>'
+        options = "".join(
+            f'<option value="{esc(v.value)}"{" selected" if v in verdicts else ""}>{esc(v.value)}</option>'
+            for v in Verdict
+        )
+        form = (
+            '<form class="filters" method="get" action="/">'
+            f'<label>verdict <select name="verdict"><option value="">any</option>{options}</select></label>'
+            f'<label>job <input type="search" name="q" value="{esc(text)}" '
+            'placeholder="name contains"></label>'
+            f"{'' if per_page == PAGE_SIZE else f'<input type=hidden name=per_page value={per_page}>'}"
+            '<button type="submit">filter</button>'
+            f"{' <a href=/>clear</a>' if verdicts or text else ''}</form>"
+        )
+        first = (page - 1) * per_page + 1
+        nav = [f"<span>jobs {first}–{first + len(shown) - 1} of {len(matching)}</span>" if shown
+               else f"<span>no job matches (of {len(result.stats)})</span>"]  # fmt: skip
+        if page > 1:
+            nav.append(f'<a rel="prev" href="{esc(link(page=page - 1))}">← previous</a>')
+        if page < pages:
+            nav.append(f'<a rel="next" href="{esc(link(page=page + 1))}">next →</a>')
+        pager = f'<nav class="pages">{"".join(nav)}</nav>'
         jobs = table(
             [
                 "job",
+                f"last {STRIP_SLOTS} slots",
                 "verdict",
                 "schedule",
                 "p50",
@@ -270,7 +365,8 @@ class Dashboard:
             [
                 [
                     job_link(s.job),
-                    badge(s.verdict(t)),
+                    strip(strip_cells(self.store, s), s.job),
+                    badge(verdict_of[s.job]) + _finding_badges(by_job.get(s.job, ())),
                     esc(s.schedule or dur(s.period)),
                     dur(s.p50),
                     dur(s.p95),
@@ -282,10 +378,15 @@ class Dashboard:
                     ago(s.last_success, now),
                     esc("; ".join(s.notes(t))),
                 ]
-                for s in result.stats
+                for s in shown
             ],
-            empty="No jobs in the ledger yet: run one with cronwarden run --job NAME -- COMMAND.",
+            empty="No jobs in the ledger yet: run one with cronwarden run --job NAME -- COMMAND."
+            if not result.stats
+            else "No job matches these filters.",
+            wide=(3, 4, 5, 6, 8, 9, 10, 12),
         )
+        listed = {s.job for s in matching}
+        active = sorted((c for c in result.active if c.job in listed), key=lambda c: (-c.severity, c.job))
         findings = table(
             ["severity", "job", "finding", "run", "what"],
             [
@@ -296,13 +397,19 @@ class Dashboard:
                     esc(c.run_id or "-"),
                     esc(c.summary),
                 ]
-                for c in sorted(result.active, key=lambda c: (-c.severity, c.job))
+                for c in active[:LISTED_MAX]
             ],
             empty="Nothing holds now.",
+            wide=(3,),
         )
+        if len(active) > LISTED_MAX:
+            findings += f"<p>… and {len(active) - LISTED_MAX} more: filter the jobs, or read /api/jobs.</p>"
+        opened = self._opentable(runs[:LISTED_MAX], now)
+        if len(runs) > LISTED_MAX:
+            opened += f"<p>… and {len(runs) - LISTED_MAX} more: /api/runs lists every open run.</p>"
         body = (
-            f"<p>{summary}</p><h2>Jobs</h2>{jobs}<h2>Findings</h2>{findings}"
-            f"<h2>Open runs</h2>{self._opentable(runs, now)}"
+            f"<p>{summary}</p>{form}<h2>Jobs</h2>{pager}{jobs}{pager if len(shown) > 20 else ''}"
+            f"<h2>Findings</h2>{findings}<h2>Open runs</h2>{opened}"
             f"<h2>Latest trouble</h2>{events_table(self._trouble(), now)}"
         )
         return self._page("cronwarden", body, now)
@@ -337,6 +444,7 @@ class Dashboard:
                 for r, pending in runs
             ],
             empty="No run is open.",
+            wide=(2, 3, 6, 7, 8),
         )
 
     def _job_page(self, job: str, query: Mapping[str, list[str]]) -> Response:
@@ -347,6 +455,7 @@ class Dashboard:
         items = history_items(self.store, job, limit)
         facts = [
             ("verdict", badge(stats.verdict(t))),
+            (f"last {STRIP_SLOTS} slots", strip(strip_cells(self.store, stats), stats.job)),
             ("schedule", esc(stats.schedule or "-")),
             ("period", dur(stats.period)),
             ("policy", f"{esc(stats.policy)} — {esc(stats.reason) if stats.reason else 'no written reason'}"),
@@ -372,8 +481,14 @@ class Dashboard:
             ["when", "outcome", "run id", "duration", "token", "host:pid", "note"],
             rows,
             empty="No runs recorded yet.",
+            wide=(2, 4, 5),
         )
-        chart = duration_chart(items, stats.period, t.slow, now)
+        # Slots with no start at all are markers on the chart's axis too (over the runs shown).
+        runs_shown = [i["started_at"] for i in items if i["type"] == "run"]
+        decided = slot_decisions(self.store, stats, min(runs_shown), CHART_SLOTS) if runs_shown else []
+        missed = [{"type": d.decision, "at": d.slot, "run_id": None} for d in decided
+                  if d.decision in ("missed", "misfired")]  # fmt: skip
+        chart = duration_chart([*items, *missed], stats.period, t.slow, now)
         body = (
             f'<p><a href="/">← all jobs</a></p><dl>{dl}</dl><h2>Durations against the period</h2>{chart}'
             f"<h2>Runs and refused starts</h2>{history}"
@@ -388,7 +503,7 @@ class Dashboard:
             f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
             f"<title>{esc(title if title == 'cronwarden' else f'{title} — cronwarden')}</title>"
-            f"<style>{CSS}</style></head><body>"
+            f"<style>{CSS}{STRIP_CSS}</style></head><body>"
             f"<header><h1>{esc(title)}</h1><p>{store} · as of {when(now)}"
             f"{f' · reloads every {dur(self.refresh)}' if self.refresh > 0 else ''}</p></header>"
             f"{body}</body></html>"
@@ -412,6 +527,36 @@ def _error(status: HTTPStatus, message: str, api: bool, headers: Mapping[str, st
         f'<p>{esc(message)}</p><p><a href="/">all jobs</a></p></body></html>'
     )
     return Response(status, "text/html; charset=utf-8", text.encode(), headers or {})
+
+
+def _verdicts(query: Mapping[str, list[str]]) -> list[Verdict]:
+    """``?verdict=failing&verdict=at+risk`` (or ``failing,at-risk``): the verdicts to list; none: all."""
+    out: list[Verdict] = []
+    for text in (v.strip() for value in query.get("verdict", []) for v in value.split(",")):
+        if not text:
+            continue
+        try:
+            verdict = Verdict(text.replace("-", " "))
+        except ValueError:
+            expected = ", ".join(v.value for v in Verdict)
+            raise BadRequest(f"verdict={text!r} is no verdict; expected one of {expected}") from None
+        if verdict not in out:
+            out.append(verdict)
+    return out
+
+
+def _finding_badges(conditions: Sequence[Condition]) -> str:
+    """The findings that hold for a job, beside its verdict: a missed slot
+    or a stuck run is said on the row, not only in the findings below
+    (``failing`` is the verdict already)."""
+    rules = sorted(
+        {(-c.severity, c.rule.value, c.snoozed) for c in conditions if c.rule is not EventKind.FAILING}
+    )
+    return "".join(
+        f'<span class="badge finding {css_class(Severity(-sev))}">'
+        f"{esc(rule)}{' (snoozed)' if snoozed else ''}</span>"
+        for sev, rule, snoozed in rules
+    )
 
 
 def _one(query: Mapping[str, list[str]], name: str) -> str | None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from cronwarden.errors import printable
 from cronwarden.events import Event
 from cronwarden.monitor import Severity, Verdict
 from cronwarden.monitor.views import dur, history_note, when
@@ -19,18 +20,25 @@ table{border-collapse:collapse}th,td{padding:.25em .7em;text-align:left;border-b
 vertical-align:top}th{font-weight:600;background:#f6f6f6}td.empty{color:#777}
 .chip,.badge{display:inline-block;padding:.05em .55em;border-radius:.8em;background:#eee;white-space:nowrap}
 .ok{background:#d8f0d8}.watch{background:#fbeec2}.at-risk,.overlapping,.critical{background:#f6cfcf}
-.unknown{background:#eee}.warning{background:#fbeec2}
+.failing{background:#d9534f;color:#fff}.unknown,.unscheduled{background:#eee}td:first-child{white-space:nowrap}.warning{background:#fbeec2}
 .bar{display:inline-block;width:6em;height:.7em;background:#eee;margin-right:.4em;vertical-align:middle}
 .bar span{display:block;height:100%}
 dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1.2em}dt{color:#666}dd{margin:0}
 svg text{font:11px system-ui,sans-serif;fill:#555}a{color:#1a56a8}
+.scroll{overflow-x:auto;max-width:100%}header p{overflow-wrap:anywhere}dd{overflow-wrap:anywhere}
+form.filters{display:flex;flex-wrap:wrap;gap:.4em .8em;align-items:center;margin:.6em 0}
+nav.pages{margin:.6em 0}nav.pages a,nav.pages span{margin-right:.8em}
+a.chip{text-decoration:none;color:inherit}
+.finding{font-size:.85em;margin-left:.3em}
+@media (max-width:700px){body{margin:.6em}.wide{display:none}th,td{padding:.2em .4em}}
 """
 
 _OUTCOME_CSS = {"succeeded": "ok", "running": "watch", "queued": "watch", "overlap": "watch"}
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """``text`` for HTML, its control characters shown as escapes (``printable``)."""
+    return html.escape(printable(str(text)), quote=True)
 
 
 def css_class(v: Verdict | Severity) -> str:
@@ -68,14 +76,20 @@ def share(ratio: float | None, slow: float) -> str:
     return f'<span class="bar"><span style="width:{width:.0f}%;background:{colour}"></span></span>{ratio:.0%}'
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, empty: str) -> str:
-    """Cells are HTML already (escaped by the caller); headers are text."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, empty: str, wide: Sequence[int] = ()
+) -> str:
+    """Cells are HTML already (escaped by the caller); headers are text.
+    ``wide``: the columns left out on a narrow screen. The table scrolls
+    inside its own box, so a wide one never widens the page."""
+    cls = ['<td class="wide">' if i in wide else "<td>" for i in range(len(headers))]
+    head = "".join(f'<th class="wide">{esc(h)}</th>' if i in wide else f"<th>{esc(h)}</th>"
+                   for i, h in enumerate(headers))  # fmt: skip
     if not rows:
         cell = f'<td class="empty" colspan="{len(headers)}">{esc(empty)}</td>'
-        return f"<table><tr>{head}</tr><tr>{cell}</tr></table>"
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+        return f'<div class="scroll"><table><tr>{head}</tr><tr>{cell}</tr></table></div>'
+    body = "".join("<tr>" + "".join(f"{cls[i]}{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
 
 
 def events_table(events: Iterable[Event], now: float) -> str:
@@ -86,6 +100,7 @@ def events_table(events: Iterable[Event], now: float) -> str:
             for e in events
         ],
         empty="Nothing yet.",
+        wide=(3,),
     )
 
 
@@ -206,3 +221,34 @@ def duration_chart(items: Sequence[Mapping[str, Any]], period: float | None, slo
         f'<text x="{left + plot}" y="{height + 20}" text-anchor="end">{when(t1)}</text></svg>'
     )
     return "".join(parts)
+
+
+STRIP_CSS = """
+.strip{display:inline-flex;gap:1px;vertical-align:middle}.strip i{display:block;width:6px;height:16px;
+background:#ccc}.strip .ok{background:#5cb85c}.strip .bad,.strip .missed,.strip .misfired{background:#d9534f}
+.strip .missed,.strip .misfired{background:repeating-linear-gradient(45deg,#d9534f 0 2px,#f6cfcf 2px 4px)}
+.strip .late,.strip .skipped{background:#f0ad4e}.strip .queued{background:#5bc0de}
+.strip .run{background:#fff;box-shadow:inset 0 0 0 1px #5b7ea8}.strip .due{background:#fff;
+box-shadow:inset 0 0 0 1px #bbb}.strip .paused,.strip .other{background:#999}
+"""
+"""The strip's colours: green ok, red a bad ending, hatched red a missed
+slot, amber late or skipped, blue queued, hollow an open run or a slot not
+yet due, grey paused, replaced or stopped."""
+
+
+def strip(cells: Sequence[Any], job: str) -> str:
+    """A job's last slots as a row of cells, oldest left (``views.Cell``).
+    Only the cells that are not a plain success carry a tooltip: a page of
+    100 jobs stays small."""
+    counts: dict[str, int] = {}
+    for c in cells:
+        counts[c.kind] = counts.get(c.kind, 0) + 1
+    said = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    label = esc(f"{job}: last {len(cells)} slots: {said or 'none yet'}")
+    inner = "".join(
+        '<i class="ok"></i>'
+        if c.kind == "ok"
+        else f'<i class="{c.kind}" title="{when(c.at)} {esc(c.what)}"></i>'
+        for c in cells
+    )
+    return f'<span class="strip" role="img" aria-label="{label}" data-cells="{len(cells)}">{inner}</span>'

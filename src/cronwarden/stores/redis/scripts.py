@@ -82,6 +82,7 @@ class Scripts:
         self.renew = register("renew")
         self.renew_many = register("renew_many")
         self.record = register("record")
+        self.request_stop = register("request_stop")
         self.undelivered = register("undelivered")
         self.mark_delivered = register("mark_delivered")
         self.reject = register("reject")
