@@ -439,19 +439,24 @@ class SignalRelay:
 
     def interrupted(self, detail: str, **how: Any) -> Interrupted:
         """The ``Interrupted`` of the first signal received, with its sender."""
-        assert self.first is not None
-        signum, sender = self.first
+        signum, sender = self._first()
         return Interrupted(signum, detail, sender_pid=None if sender is None else sender.pid,
                            sender=None if sender is None else sender.name, **how)  # fmt: skip
 
     def describe(self) -> str:
         """The first signal and its sender, as a line says it."""
-        assert self.first is not None
-        signum, sender = self.first
+        signum, sender = self._first()
         name = signal.Signals(signum).name
         if sender is None:
             return name
         return f"{name} from pid {sender.pid}" + (f" ({sender.name})" if sender.name else "")
+
+    def _first(self) -> tuple[int, Sender | None]:
+        if self.first is not None:
+            return self.first
+        # Set from outside (the scheduler passes its own signal on): no sender.
+        assert self.signalled is not None
+        return self.signalled, None
 
     def close(self) -> None:
         """Give the signals back: the previous handlers, and the mask as it
