@@ -117,6 +117,11 @@ def test_trigger_runs_the_configured_command_recorded_manual_with_no_slot(
         [manual] = store.events(EventQuery(job="held", kinds=[EventKind.TRIGGERED]))
     assert run.outcome is Outcome.SUCCEEDED and run.slot is None
     assert manual.run_id == run.run_id
+    history = cli("history", "held", env=env)
+    assert "manual by " in next(x for x in history.stdout.splitlines() if run.run_id in x)
+    slots = cli("history", "held", "--slots", "--limit", "1", "--json", "--config", str(config), env=env)
+    [current] = json.loads(slots.stdout)
+    assert current["decision"] not in ("ran", "late"), "a manual run serves no slot"
 
 
 def test_stop_of_a_run_on_another_host_kills_its_command_within_grace_and_a_renewal(
@@ -255,3 +260,62 @@ def test_the_monitor_reports_no_missed_slot_while_paused_nor_for_the_slots_it_he
         assert [c.rule for c in monitor.evaluate(record=False).active if c.rule is EventKind.MISSED] == [
             EventKind.MISSED
         ]
+
+
+def test_a_scheduler_fire_in_process_is_stopped_and_recorded_stopped(tmp_path: Path) -> None:
+    """The scheduler's own fires stop the same way: the request reaches the
+    fire's heartbeat, its Supervisor stops the command."""
+    sleepy = ScheduledJob.from_settings(JobSettings(name="sleepy", every=3600.0, ttl=3.0,
+                                                    command=("sleep", "60")))  # fmt: skip
+    with open_store(f"sqlite:///{tmp_path / 'cw.db'}") as store, Warden(store, quiet=True) as warden:
+        fires = InProcess(warden, say=lambda _line: None, instance="me")
+        fire = fires(sleepy, time.time(), None)
+        _wait_for(lambda: fire.pid != 0)
+        [run] = store.open_runs("sleepy")
+        assert request_stop(store, run, by="alice@ops-1", reason="wrong input", grace=1.0, at=time.time())
+        assert fire.wait(30) == 128 + signal.SIGTERM
+        fires.close()
+        ended = store.run(run.run_id)
+    assert ended is not None and ended.outcome is Outcome.STOPPED
+    assert ended.detail == "stopped by alice@ops-1: wrong input"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["pause", "export"], "the following arguments are required: --reason"),
+        (["pause", "export", "--reason", "  "], "--reason must be one sentence"),
+        (["pause", "bad name!", "--reason", "why"], "job name"),
+        (["resume", "export"], "export is not paused"),
+        (["stop", "export"], "no open run has the id or job name 'export'"),
+        (["stop", "export", "--grace", "soon"], "--grace"),
+        (["trigger", "export"], "no command"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, argv: list[str], said: str) -> None:
+    env = {**os.environ, "CRONWARDEN_STORE": f"sqlite:///{tmp_path / 'cw.db'}", "HOME": str(tmp_path)}
+    env.pop("CRONWARDEN_CONFIG", None)
+    done = subprocess.run([sys.executable, "-m", "cronwarden", *argv], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_backfill_of_a_paused_job_runs_nothing_and_exits_5(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cw.db'}"
+    out = tmp_path / "ran"
+    config = tmp_path / "cronwarden.toml"
+    config.write_text(f'[jobs.sync]\nevery = "1m"\ncommand = ["touch", "{out}"]\n')
+    with open_store(url) as store:
+        pause(store, "sync", by="alice@ops-1", reason="the warehouse is migrating", at=time.time())
+    last = int(time.time() // 60 * 60) - 60
+
+    done = cli("backfill", "sync", "--from", str(last - 120), "--to", str(last), "--config", str(config),
+               "--store", url)  # fmt: skip
+
+    assert done.returncode == 5, done
+    assert "paused by alice@ops-1" in done.stderr
+    assert not out.exists()
+    with open_store(url) as store:
+        assert store.runs("sync") == []

@@ -4,6 +4,7 @@ and the window and thresholds themselves."""
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -247,8 +248,11 @@ def newest_slot(
     return ((first, n),)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_schedule(text: str) -> Any:
-    """``Schedule`` from what a ``JobInfo`` keeps (``CRON_TZ=Zone expr`` too)."""
+    """``Schedule`` from what a ``JobInfo`` keeps (``CRON_TZ=Zone expr`` too).
+    Kept per text (a ``Schedule`` is immutable): a pass over 2,000 jobs
+    asks for the same few schedules thousands of times."""
     from cronwarden.schedule import Schedule
 
     t = text.strip()
