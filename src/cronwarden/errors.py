@@ -45,6 +45,20 @@ class StoreUrlError(UsageError):
         self.url = url
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (a newline, the
+    ESC of an escape sequence, …) written as its Python escape (``\\n``,
+    ``\\x1b``). The one function for values from the store shown as text
+    (host names, notes, in ``status``/``history`` tables, stderr lines and
+    the dashboard): a newline would break a table, an escape sequence clear
+    or rewrite a terminal. Any store may hold such a value: a host name is
+    checked when a run is recorded, but not by other writers or older
+    versions."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def mask_password(text: str) -> str:
     """``text`` with every password in it shown as ``***``: the one function
     for every URL cronwarden prints (messages, ``config check``/``show``,
@@ -88,6 +102,18 @@ class LeaseRevoked(LeaseLost):
         self.by_run_id = by_run_id
 
 
+class StopRequested(LeaseRevoked):
+    """Someone asked this run to stop through the store (``cronwarden
+    stop``): its command gets SIGTERM, SIGKILL after ``grace``, and the run
+    records ``stopped``. ``by_run_id`` is the lease's revocation mark
+    (``stores.base.stop_mark``)."""
+
+    def __init__(self, key: str, mark: str, grace: float) -> None:
+        LeaseLost.__init__(self, key, "stop requested (cronwarden stop)")
+        self.by_run_id = mark
+        self.grace = grace
+
+
 class TimedOut(LeaseLost):
     """The run exceeded its ``max_runtime``."""
 
@@ -113,15 +139,45 @@ class NotStarted(CronwardenError):
 class Interrupted(CronwardenError):
     """The run's process was told to stop by a signal (SIGTERM from a pod
     shutdown or ``systemctl stop``, SIGINT from Ctrl-C, SIGHUP): the run ends
-    ``interrupted``, not ``failed``. ``exit_code`` is the shell's 128+N."""
+    ``interrupted``, not ``failed``. ``exit_code`` is the shell's 128+N.
 
-    def __init__(self, signum: int, detail: str = "") -> None:
+    What is known of the stop goes on the run's end event as ``signal``
+    (``fields``): the sender's pid and process name when the kernel said who
+    sent it (never for a sender outside this process's pid namespace, as a
+    container runtime stopping PID 1 is), the kill grace the command was
+    given, how long it took to exit, and whether it had to be SIGKILLed."""
+
+    def __init__(self, signum: int, detail: str = "", *, sender_pid: int | None = None,
+                 sender: str | None = None, grace: float | None = None, waited: float | None = None,
+                 sigkill: bool | None = None) -> None:  # fmt: skip
         import signal
 
         self.signum = signum
         self.signal = signal.Signals(signum).name
         self.exit_code = 128 + signum
-        super().__init__(f"{self.signal} to the supervisor" + (f"; {detail}" if detail else ""))
+        self.sender_pid = sender_pid
+        self.sender = sender
+        self.grace = grace
+        self.waited = waited
+        self.sigkill = sigkill
+        by = ""
+        if sender_pid is not None:
+            by = f" from pid {sender_pid}" + (f" ({sender})" if sender else "")
+        super().__init__(f"{self.signal}{by} to the supervisor" + (f"; {detail}" if detail else ""))
+
+    def fields(self) -> dict[str, object]:
+        """The stop as the end event's ``signal`` records it: what is not
+        known is left out, never guessed."""
+        found: dict[str, object] = {"name": self.signal, "sender_pid": self.sender_pid}
+        if self.sender:
+            found["sender"] = self.sender
+        if self.grace is not None:
+            found["grace"] = round(self.grace, 3)
+        if self.waited is not None:
+            found["waited"] = round(self.waited, 3)
+        if self.sigkill is not None:
+            found["sigkill"] = self.sigkill
+        return found
 
 
 class Fenced(CronwardenError):

@@ -298,6 +298,8 @@ class Scheduler:
         if owner != self.owner:
             self._say(job.name, None, slot, f"fired by {owner}")
             return
+        if self._paused(job, slot):
+            return
         self.fired += 1
         for shard in job.settings.shards or (None,):
             try:
@@ -308,6 +310,26 @@ class Scheduler:
             self.running.append(Started(job.name, slot, shard, child, job.settings.detach))
             if not isinstance(child, Fire):  # a fire says itself when it starts
                 self._say(job.name, shard, slot, f"started, pid {child.pid}")
+
+    def _paused(self, job: ScheduledJob, slot: float) -> bool:
+        """Whether the job is paused (``cronwarden pause``): then its slot,
+        claimed by this instance, is recorded ``paused``, not fired. A store
+        that cannot say fails closed, as the claim does."""
+        from cronwarden.control import describe_pause, paused_slot
+
+        try:
+            pause = self.store.pause_state(job.name)
+            if pause is None:
+                return False
+            event_id = slot_event_id(EventKind.PAUSED, job.name, slot)
+            event = paused_slot(job.name, slot, pause, decided_by=self.instance, at=self.clock.wall(),
+                                event_id=event_id)  # fmt: skip
+            self.store.record(event)
+        except StoreError as e:
+            self._say(job.name, None, slot, f"not fired: {e}")
+            return True
+        self._say(job.name, None, slot, f"not fired: {describe_pause(pause)}")
+        return True
 
     def reap(self) -> None:
         """Forget finished runs, saying how each ended."""
@@ -512,7 +534,8 @@ class InProcess:
     def _fire(self, fire: Fire) -> int:
         """One slot, start to end; the command's exit status (0 when it did
         not start)."""
-        from cronwarden.guard import Guard, Options, describe_refusal
+        from cronwarden.guard import Guard, describe_refusal
+        from cronwarden.preflight import job_options
         from cronwarden.stores.base import Refused
 
         job = fire.job
@@ -531,13 +554,7 @@ class InProcess:
             return 0
         st = job.settings
         try:
-            options = Options(
-                ttl=st.ttl, policy=st.policy, shard=fire.shard, max_runtime=st.max_runtime,
-                max_pending=st.max_pending, replace_grace=st.replace_grace, renew_every=st.renew_every,
-                allow_unpartitioned=st.allow_unpartitioned, slot=fire.slot,
-                every=st.every, schedule=st.schedule, timezone=st.timezone or None, reason=st.reason,
-                grace=st.grace,
-            )  # fmt: skip
+            options = job_options(st, shard=fire.shard, slot=fire.slot)
             guard = Guard(self.warden, job.name, options)
             started = guard.acquire()
         except CronwardenError as e:

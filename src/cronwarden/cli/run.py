@@ -9,12 +9,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.cli.args import STORE_FLAG, add_flags, duration
-from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
+from cronwarden.config import ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.durations import format_duration
-from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageError
-from cronwarden.events import JobInfo, Outcome
+from cronwarden.errors import StoreError, StoreUnavailable, UsageError
+from cronwarden.events import Event, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
+from cronwarden.preflight import MIN_TTL, job_options
 from cronwarden.stores.base import Refused
 
 if TYPE_CHECKING:
@@ -91,34 +92,9 @@ def _check_partition(settings: JobSettings, shard: str | None, config_path: str 
                          "safe' (or reason = \"…\" in the job's config)")  # fmt: skip
 
 
-def _job_info(settings: JobSettings, schedule: Schedule | None, now: float) -> JobInfo | None:
-    """What the monitor should know about this job, or None when the run says
-    nothing beyond the defaults (a bare ``cronwarden run --job x``): then the
-    store is not asked at all."""
-    said = (
-        settings.in_file or schedule is not None or settings.reason or settings.policy is not Policy.SKIP
-        or settings.grace is not None or settings.max_runtime is not None or settings.ttl != DEFAULT_TTL
-    )  # fmt: skip
-    if not said:
-        return None
-    return JobInfo(
-        name=settings.name, schedule=settings.schedule_text(),
-        period=None if schedule is None else schedule.period(now), policy=settings.policy.value,
-        reason=settings.reason, ttl=settings.ttl, grace=settings.grace, max_runtime=settings.max_runtime,
-        updated_at=now,
-    )  # fmt: skip
-
-
-def _sync_job(store: Store, info: JobInfo) -> None:
-    """Save the job's settings only when they changed: one read per run with
-    a schedule or config, a write only after an edit."""
-    known = store.job(info.name)
-    if known is None or known._replace(updated_at=info.updated_at) != info:
-        store.save_job(info)
-
-
 EXIT_LEASE_LOST = 3
 EXIT_REPLACED = 4
+EXIT_PAUSED = 5
 EXIT_TIMED_OUT = 124
 EXIT_STORE = 75
 
@@ -130,7 +106,9 @@ exit status: the command's own (128+N if killed by signal N; with policy queue, 
   --skip-exit-code (default 0) when skipped or queued (the ledger records it either way);
   128+N when cronwarden itself got signal N (SIGTERM 143, SIGINT 130, SIGHUP 129): the command
   was given the signal, SIGKILLed if still running after the kill grace, and the run recorded
-  interrupted; 2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
+  interrupted; a run stopped by cronwarden stop: the command's (143 after SIGTERM, 137 after
+  SIGKILL), recorded stopped; 2 bad usage; 3 lease lost; 4 replaced; 5 the job is paused (cronwarden pause:
+  not run, recorded paused); 124 max_runtime exceeded;
   75 store unreachable or locked (fail closed), or the run's end could not be recorded (a full
   disk, say: whatever the command's status, said on stderr); 126 not executable; 127 command not found.
 
@@ -169,9 +147,6 @@ def _slot(text: str) -> float:
 
 LATEST_SLOT = 253_402_300_799.0
 """9999-12-31T23:59:59Z: a later slot is a mistake, and no date can show it."""
-MIN_TTL = 1.0
-"""The shortest ``--ttl``: a lease renewed every ttl/3 needs room for a round
-trip to the store and a late wake-up on a busy host, or it is always lost."""
 
 
 def _ttl(text: str) -> float:
@@ -276,17 +251,9 @@ def main(args: Any) -> int:
     _check_partition(settings, args.shard, config_path)
     schedule = _schedule(settings)
     now = SYSTEM_CLOCK.wall()
-    options = Options(
-        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=settings.renew_every,
-        max_runtime=settings.max_runtime, max_pending=settings.max_pending,
-        replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
-        slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),
-        # What the job declares, so the guard's declaration is the one saved below.
-        every=settings.every, schedule=settings.schedule, timezone=settings.timezone or None,
-        reason=settings.reason, grace=settings.grace,
-    )  # fmt: skip
+    slot = args.slot if args.slot is not None else None if schedule is None else schedule.slot(now)
+    options = job_options(settings, shard=args.shard, slot=slot)
     resolve_command(command[0])
-    info = _job_info(settings, schedule, now)
     from cronwarden.supervisor import SignalRelay
 
     # From before the lease is taken until its end is recorded, a SIGTERM,
@@ -303,17 +270,25 @@ def main(args: Any) -> int:
         try:
             warden = Warden(url, quiet=args.quiet)
             guard = Guard(warden, args.job, options)
-            if info is not None:
-                _sync_job(warden.store, info)
-            started = guard.acquire()
+            if settings.in_file and not options.declares():
+                # A job of the config file is known to audit and the monitor
+                # even when it says nothing beyond the defaults; otherwise
+                # the guard declares what the options say as it acquires.
+                warden.declare(args.job, options)
+            # A paused job's start does not run (cronwarden pause): one read.
+            pause = warden.store.pause_state(args.job)
+            started: Run | Refused | Event = guard.acquire() if pause is None else pause
         except StoreUnavailable as e:
             if args.on_store_error != "run":
                 print(f"cronwarden: {e}; not running {args.job} (fail closed; --on-store-error=run "
                       "to run unguarded)", file=sys.stderr)  # fmt: skip
                 return EXIT_STORE
             print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
+            relay.close()  # the command gets the signals as they were, and so does cronwarden
             return _unguarded(command)
         try:
+            if isinstance(started, Event):
+                return _paused(warden, args.job, options.slot, started)
             return _supervise(args, command, options, guard, started, relay, _command_env(args, url))
         finally:
             _prune_a_little(warden.store, config, args.job)
@@ -324,6 +299,24 @@ def main(args: Any) -> int:
 
                 flush_after_run(warden.store, {"sinks": config.sinks})
             warden.close()
+
+
+def _paused(warden: Warden, job: str, slot: float | None, pause: Event) -> int:
+    """The job is paused: not run, the start recorded ``paused`` (for its
+    slot once, whoever starts it: the slot decision's event id)."""
+    from cronwarden.control import describe_pause, paused_slot
+
+    event_id = ""
+    if slot is not None:
+        from cronwarden.events import EventKind
+        from cronwarden.scheduler import slot_event_id
+
+        event_id = slot_event_id(EventKind.PAUSED, job, slot)
+    at = warden.clock.wall()
+    warden.store.record(paused_slot(job, slot, pause, decided_by=warden.host, at=at, event_id=event_id))
+    print(f"cronwarden: {job} not run: {describe_pause(pause)} (cronwarden resume {job} to run it "
+          f"again); recorded paused, exit {EXIT_PAUSED}", file=sys.stderr)  # fmt: skip
+    return EXIT_PAUSED
 
 
 EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_REPLACED,
@@ -392,8 +385,9 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
     while run is not None:
         if relay.signalled is not None:
             # Asked to stop before this run's command started: it never runs.
-            guard.end(run, Interrupted(relay.signalled, "before the command started"))
-            return 128 + int(relay.signalled)
+            stop = relay.interrupted("before the command started")
+            guard.end(run, stop)
+            return stop.exit_code
         env = {
             **base_env,
             "CRONWARDEN_RUN_ID": run.run_id,
