@@ -133,8 +133,8 @@ def test_stop_of_a_run_on_another_host_kills_its_command_within_grace_and_a_rene
         [held] = store.open_runs("held")
     grace, renew_every = 1.0, 1.0  # ttl 3s: renewed every second
 
-    asked = time.monotonic()
     done = cli("stop", held.run_id, "--reason", "it holds the warehouse lock", "--grace", "1s", env=env)
+    asked = time.monotonic()  # the request is in the store once stop has returned
 
     assert done.returncode == 0, done.stderr
     assert "stop requested" in done.stdout and "host other" in done.stdout
@@ -278,3 +278,44 @@ def test_a_scheduler_fire_in_process_is_stopped_and_recorded_stopped(tmp_path: P
         ended = store.run(run.run_id)
     assert ended is not None and ended.outcome is Outcome.STOPPED
     assert ended.detail == "stopped by alice@ops-1: wrong input"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["pause", "export"], "the following arguments are required: --reason"),
+        (["pause", "export", "--reason", "  "], "--reason must be one sentence"),
+        (["pause", "bad name!", "--reason", "why"], "job name"),
+        (["resume", "export"], "export is not paused"),
+        (["stop", "export"], "no open run has the id or job name 'export'"),
+        (["stop", "export", "--grace", "soon"], "--grace"),
+        (["trigger", "export"], "no command"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, argv: list[str], said: str) -> None:
+    env = {**os.environ, "CRONWARDEN_STORE": f"sqlite:///{tmp_path / 'cw.db'}", "HOME": str(tmp_path)}
+    env.pop("CRONWARDEN_CONFIG", None)
+    done = subprocess.run([sys.executable, "-m", "cronwarden", *argv], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_backfill_of_a_paused_job_runs_nothing_and_exits_5(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cw.db'}"
+    out = tmp_path / "ran"
+    config = tmp_path / "cronwarden.toml"
+    config.write_text(f'[jobs.sync]\nevery = "1m"\ncommand = ["touch", "{out}"]\n')
+    with open_store(url) as store:
+        pause(store, "sync", by="alice@ops-1", reason="the warehouse is migrating", at=time.time())
+    last = int(time.time() // 60 * 60) - 60
+
+    done = cli("backfill", "sync", "--from", str(last - 120), "--to", str(last), "--config", str(config),
+               "--store", url)  # fmt: skip
+
+    assert done.returncode == 5, done
+    assert "paused by alice@ops-1" in done.stderr
+    assert not out.exists()
+    with open_store(url) as store:
+        assert store.runs("sync") == []

@@ -119,6 +119,9 @@ __all__ = [
     "RedisStore",
 ]
 
+SETTLE_SEQS = 4096
+"""Seqs a retention step moves one sink's mark over at most: 16 reads of 256
+fields, a few milliseconds of the server's time."""
 RECORDED_IDS_KEPT = 86_400
 """Seconds ``record`` remembers an event id, so that a retried call is a
 no-op (the contract): a day, far longer than any retry takes."""
@@ -179,6 +182,7 @@ class RedisStore(Store):
         self._k_open, self._k_runs, self._k_ev, self._k_ev_run = p + "open", p + "runs", p + "ev", p + "ev:r"
         self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
         self._k_job_counts = p + "jobs:n"
+        self._k_sinks = p + "outbox:sinks"
         self._k_rollups = [p + "rollup", p + "rollup:d", p + "rollup:w"]
         self._scripts = Scripts(self._client, Limits.of(runs_per_job, events_per_job))
 
@@ -393,6 +397,8 @@ class RedisStore(Store):
             data += f',"detail":{detail}'
         if end.replaced_by:
             data += f',"replaced_by":{json.dumps(end.replaced_by)}'
+        if end.signal:
+            data += f',"signal":{json.dumps(dict(end.signal), separators=(",", ":"))}'
         side = is_side_lease(lease.key, lease.run_id)
         kind = end.outcome.event.value
         fields = [lease.run_id, lease.job, lease.key, kind, ending, repr(at), ordhex(at), data, new_id(),
@@ -582,9 +588,32 @@ class RedisStore(Store):
             raise self._error(e) from None
         runs = sum(int(r[0]) for r in replies)
         events = sum(int(r[1]) for r in replies)
-        if events and not dry_run:
-            self._forget_dead_letters_of_pruned()
-        return Pruned(runs, events, done=not any(int(r[2]) for r in replies))
+        settled = True
+        if not dry_run:
+            if events:
+                self._forget_dead_letters_of_pruned()
+            if jobs is None:  # a whole step (the monitor's, prune's), not a run's end
+                settled = self._settle_outboxes()
+        return Pruned(runs, events, done=settled and not any(int(r[2]) for r in replies))
+
+    def _settle_outboxes(self) -> bool:
+        """Each registered sink's mark moved over the deleted records above
+        it (``settle.lua``), at most ``SETTLE_SEQS`` seqs per sink and step;
+        True when no sink has more to pass."""
+        sinks, dead = self._read(lambda pipe: (pipe.smembers(self._k_sinks),
+                                               pipe.smembers(f"{self.prefix}outbox:rejected")))  # fmt: skip
+        names = sorted({*sinks, *dead})
+        if not names:
+            return True
+        seqs = str(SETTLE_SEQS)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for sink in names:
+                self._scripts.settle(keys=self._outbox_keys(sink), args=[seqs], client=pipe)
+            replies: list[Any] = pipe.execute()
+        except redis_errors.RedisError as e:
+            raise self._error(e) from None
+        return not any(int(r[1]) for r in replies)
 
     def _forget_dead_letters_of_pruned(self) -> None:
         """Each sink's dead letters whose records retention deleted (at most
@@ -777,11 +806,11 @@ class RedisStore(Store):
     def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
         if limit < 1:
             return []
-        keys = self._outbox_keys(sink)
-        reply = self._call(self._scripts.undelivered, keys, [str(limit)])
+        keys = [*self._outbox_keys(sink), self._k_sinks]
+        reply = self._call(self._scripts.undelivered, keys, [str(limit), sink])
         if reply is None:
             self._register(sink, backfill)
-            reply = self._call(self._scripts.undelivered, keys, [str(limit)])
+            reply = self._call(self._scripts.undelivered, keys, [str(limit), sink])
         return [event(reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
 
     def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
@@ -846,7 +875,8 @@ class RedisStore(Store):
         found = self._read(lambda pipe: [pipe.zrangebylex(i, f"[@|{cutoff}", "(@}") for i in indexes])
         seqs = [int(m.split("|", 3)[2]) for members in found for m in members]
         mark = min(seqs) - 1 if seqs else int(top or 0)
-        self._read(lambda pipe: pipe.set(self._outbox_keys(sink)[1], str(mark), nx=True))
+        self._read(lambda pipe: (pipe.set(self._outbox_keys(sink)[1], str(mark), nx=True),
+                                 pipe.sadd(self._k_sinks, sink)))  # fmt: skip
 
     def close(self) -> None:
         with self._renewers_lock:

@@ -1,4 +1,5 @@
 -- with: limits, rollup, ledger
+-- types: hash string zset hash zset hash hash string hash hash hash
 -- Store.request_stop: mark the run's live lease revoked by a stop request,
 -- unless a replacing start marked it first (a standing stop mark is kept),
 -- and record the request as record.lua does.
