@@ -15,7 +15,8 @@ on time, and do three instances share 2,000 without a double or a gap?
   floor measured in the same run: a bare fork+exec of ``true`` plus two
   store round trips (a slot claim and a lease read) from this process.
 
-The scheduler starts between two minutes with ``--misfire-grace 10s``, so
+The scheduler starts between two minutes with ``--misfire-grace 10s`` (a start
+later than that is recorded ``misfired``: missed), so
 the slot of the minute it starts in is not fired while it is still loading
 its jobs: the first slot measured is the next minute's.
 
@@ -58,6 +59,9 @@ from cronwarden.stores.base import EventQuery
 POSTGRES = os.environ.get("CRONWARDEN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
 GRACE = "10s"
+MULTI_GRACE = "60s"
+"""The default grace for the three instances: what is judged there is
+doubles and gaps across a kill, not lateness."""
 TRUE = shutil.which("true") or "/bin/true"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -100,9 +104,9 @@ def write_config(path: Path, jobs: int) -> None:
     path.write_text("\n".join(lines))
 
 
-def start(config: Path, url: str, *extra: str) -> subprocess.Popen[str]:
+def start(config: Path, url: str, *extra: str, grace: str = GRACE) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "cronwarden", "scheduler", "--config", str(config), "--store", url,
-            "--misfire-grace", GRACE, "--concurrency", "64", *extra]  # fmt: skip
+            "--misfire-grace", grace, "--concurrency", "64", *extra]  # fmt: skip
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -216,6 +220,7 @@ def single(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
             "cpu_s": cpu, "cpu_per_fire_ms": per_fire * 1000, "floor_ms": floor_cpu * 1000,
             "floor_spawn_ms": spawn * 1000, "floor_trips_ms": trips * 1000,
             "ratio": per_fire / floor_cpu, "exit": proc.returncode, "load": os.getloadavg(),
+            "cpu_per_decision_ms": cpu / max(1, fires + misfired) * 1000,
         }  # fmt: skip
         out.setdefault("single", []).append(result)
         ok = missed == 0 and result["p99"] <= 1.0 and result["ratio"] <= 3.0
@@ -223,8 +228,9 @@ def single(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
               f"doubles {doubles}; lateness p50/p90/p99/max {result['p50']:.2f} / {result['p90']:.2f} / "
               f"{result['p99']:.2f} / {result['max']:.2f} s; CPU per fire {per_fire * 1000:.2f} ms vs floor "
               f"{floor_cpu * 1000:.2f} ms (fork+exec {spawn * 1000:.2f} + 2 round trips {trips * 1000:.2f}) "
-              f"= {result['ratio']:.1f}x; exit {proc.returncode}; load {os.getloadavg()[0]:.2f} "
-              f"[{'ok' if ok else 'TARGET MISSED'}]", flush=True)  # fmt: skip
+              f"= {result['ratio']:.1f}x (per slot decided, run or misfired: "
+              f"{result['cpu_per_decision_ms']:.2f} ms); exit {proc.returncode}; load "
+              f"{os.getloadavg()[0]:.2f} [{'ok' if ok else 'TARGET MISSED'}]", flush=True)  # fmt: skip
         return ok
     finally:
         cleanup(store, unique)
@@ -246,7 +252,11 @@ def multi(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
             boundary += 60
         end = boundary + minutes * 60 - 20
         for n in range(3):
-            procs.append(start(config, url, "--for", f"{end - time.time():.0f}s", "--id", f"inst-{n}"))
+            procs.append(
+                start(
+                    config, url, "--for", f"{end - time.time():.0f}s", "--id", f"inst-{n}", grace=MULTI_GRACE
+                )
+            )
         for p in procs:
             wait_line(p, "job(s) from", timeout=max(40.0, boundary - time.time() - 2))
         # The kill: in the second minute's slot, once its first starts are in.
@@ -255,7 +265,9 @@ def multi(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait()
         killed_at = time.time()
-        procs[0] = start(config, url, "--for", f"{end - time.time():.0f}s", "--id", "inst-0-again")
+        procs[0] = start(
+            config, url, "--for", f"{end - time.time():.0f}s", "--id", "inst-0-again", grace=MULTI_GRACE
+        )
         wait_line(procs[0], "job(s) from", timeout=120)
         for p in procs:
             p.wait(timeout=end - time.time() + 120)

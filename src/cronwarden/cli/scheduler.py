@@ -249,6 +249,13 @@ def main(args: Any) -> int:
                 reloads.clear()
                 _reload(sched, path, config.store, store, say)
 
+        # Every in-process fire forks this process (the run's keeper): the
+        # objects made so far (the jobs, the imports) move out of the
+        # collector's reach, so a collection in a keeper does not write to,
+        # and copy, every page of them.
+        import gc
+
+        gc.freeze()
         sched.serve(wakeup.sleep, lambda: bool(stopping), until, between)
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "
