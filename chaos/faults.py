@@ -207,6 +207,50 @@ class PostgresBackend(Backend):
         self._cm.__exit__(None, None, None)
 
 
+class PgBouncerBackend(PostgresBackend):
+    """PostgreSQL through a private PgBouncer in transaction mode: the
+    workers' store URL points at the pooler; the harness's observer and the
+    faults reach the server itself (``tests/pgbouncer.py`` starts the pooler
+    and stops it by its pid)."""
+
+    name = "postgres-pgbouncer"
+    supports = (*WORKER_FAULTS, Fault.CONN_KILL, Fault.STORE_PAUSE)
+
+    def __init__(self) -> None:
+        from tests.pgbouncer import pgbouncer, why_not
+
+        why = why_not()
+        if why is not None:
+            raise RuntimeError(f"cannot start a PgBouncer: {why}")
+        super().__init__()
+        try:
+            self._bouncer_cm = pgbouncer(self.server.url())
+            self.bouncer = self._bouncer_cm.__enter__()
+        except BaseException:
+            super().close()
+            raise
+
+    def url(self, namespace: str) -> str:
+        return str(self.bouncer.url(schema=namespace.replace("-", "_")))
+
+    def conn_kill(self) -> int:
+        # The pooler's server connections carry no application name of ours
+        # for certain (it is set per client), so every client backend but the
+        # harness's observer and this one goes.
+        with self._admin() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND application_name <> 'cw-chaos-watch' "
+                "AND pid <> pg_backend_pid()"
+            ).fetchall()
+        return len(rows)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._bouncer_cm.__exit__(None, None, None)
+        super().close()
+
+
 class RedisBackend(Backend):
     name = "redis"
     supports = (*WORKER_FAULTS, Fault.CONN_KILL, Fault.STORE_RESTART, Fault.STORE_PAUSE)
@@ -259,7 +303,9 @@ def open_backend(name: str) -> Backend:
         return PostgresBackend()
     if name == "redis":
         return RedisBackend()
-    raise ValueError(f"unknown store {name!r}; expected sqlite, postgres or redis")
+    if name == "postgres-pgbouncer":
+        return PgBouncerBackend()
+    raise ValueError(f"unknown store {name!r}; expected sqlite, postgres, postgres-pgbouncer or redis")
 
 
 @contextlib.contextmanager

@@ -81,6 +81,8 @@ class PrivatePostgres:
         self.port = port
         self.host = "127.0.0.1"
         self._as_postgres = os.geteuid() == 0
+        self.max_connections = 40
+        """Taken at the next ``start`` (bench/fleet.py raises it)."""
 
     # -- lifecycle --------------------------------------------------------
 
@@ -120,7 +122,7 @@ class PrivatePostgres:
                 f"-c unix_socket_directories={self.base}",
                 "-c fsync=off",
                 "-c full_page_writes=off",
-                "-c max_connections=40",
+                f"-c max_connections={self.max_connections}",
                 "-c shared_buffers=16MB",
                 "-c max_wal_senders=0",
                 "-c wal_level=minimal",

@@ -159,11 +159,13 @@ def test_slow_threshold_flag_moves_the_at_risk_line(store: Store, store_url: str
     assert rows[0]["verdict"] == "at risk"
 
 
-def test_bad_threshold_is_one_line_and_exit_2(store_url: str, capsys) -> None:
-    assert cli.main(["audit", "--slow", "most", "--store", store_url]) == 2
+@pytest.mark.parametrize("given", ["most", "5", "0", "150%", "1e9", "nan"])
+def test_bad_threshold_is_one_line_naming_the_range_and_exit_2(store_url: str, capsys, given: str) -> None:
+    assert cli.main(["audit", "--slow", given, "--store", store_url]) == 2
 
     assert capsys.readouterr().err == (
-        "cronwarden: --slow must be a fraction like 2/3, 0.67 or 67%, got 'most'\n"
+        "cronwarden: --slow must be a fraction of the period like 2/3, 0.67 or 67%, greater than 0 and at "
+        f"most 1 (the whole period), got {given!r}\n"
     )
 
 

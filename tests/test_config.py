@@ -516,3 +516,75 @@ def test_policy_in_a_job_table_reaches_the_guard(store_url: str, tmp_path: Path)
     job = resolve("q", config)
 
     assert (job.policy, job.max_pending, job.reason) == (Policy.QUEUE, 2, "each start is new work")
+
+
+# -- one validator: config check refuses exactly what run and scheduler refuse --
+
+JOB = '[jobs.x]\nevery = "1m"\ncommand = ["true"]\n'
+HOSTILE_HOST = "evil\n\x1b[2J"
+
+# (what is wrong, the config file (STORE: a fresh SQLite store), extra environment)
+ONE_VALIDATOR = [
+    ("postgres schema name", 'store = "postgresql://postgres@127.0.0.1:1/test?schema=bad-name"\n' + JOB, {}),
+    ("postgres unknown option", 'store = "postgresql://postgres@127.0.0.1:1/test?colour=blue"\n' + JOB, {}),
+    ("redis unknown option", 'store = "redis://127.0.0.1:1/0?prefix=t:&bogus=1"\n' + JOB, {}),
+    ("redis empty prefix", 'store = "redis://127.0.0.1:1/0?prefix="\n' + JOB, {}),
+    ("sqlite option value", 'store = "STORE?synchronous=sometimes"\n' + JOB, {}),
+    ("sqlite retention", 'store = "STORE?retention=soon"\n' + JOB, {}),
+    ("sqlite busy timeout", 'store = "STORE?busy_timeout=5"\n' + JOB, {}),
+    ("ttl under 1s", 'store = "STORE"\n' + JOB + 'ttl = "500ms"\n', {}),
+    ("renewal slower than the ttl", 'store = "STORE"\n' + JOB + 'ttl = "1m"\nrenew_every = "2m"\n', {}),
+    ("queue too long", 'store = "STORE"\n' + JOB + 'policy = "queue"\nreason = "each start is work"\n'
+     "max_pending = 20000\n", {}),
+    ("ttl from the environment", 'store = "STORE"\n' + JOB, {"CRONWARDEN_TTL": "1ms"}),
+    ("host name", 'store = "STORE"\n' + JOB, {"CRONWARDEN_HOST": HOSTILE_HOST}),
+    ("none", 'store = "STORE"\n' + JOB, {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "text", "env"), ONE_VALIDATOR, ids=[c[0] for c in ONE_VALIDATOR])
+def test_config_check_refuses_exactly_what_run_and_scheduler_refuse_with_their_message(
+    tmp_path: Path, case: str, text: str, env: dict[str, str]
+) -> None:
+    store = f"sqlite:///{tmp_path / 'ledger.db'}"
+    write(tmp_path / "cronwarden.toml", text.replace("STORE", store))
+    environ = clean_env(**env)
+
+    checked = cronwarden("config", "check", cwd=tmp_path, env=environ)
+    ran = cronwarden("run", "--job", "x", "--", "true", cwd=tmp_path, env=environ)
+
+    assert "Traceback" not in checked.stderr + ran.stderr
+    if case == "none":
+        assert (checked.returncode, ran.returncode) == (0, 0), (checked, ran)
+        return
+    assert checked.returncode == 2, checked
+    assert ran.returncode == 2, ran
+    said = ran.stderr.strip().removeprefix("cronwarden: ")
+    assert len(ran.stderr.strip().splitlines()) == 1 and said in checked.stdout, (said, checked.stdout)
+    # The scheduler refuses the same at its start, before it fires anything.
+    scheduled = cronwarden("scheduler", "--for", "1s", cwd=tmp_path, env=environ)
+    assert scheduled.returncode == 2 and said in scheduled.stderr, scheduled
+
+
+SINKS = '[sinks.hook]\ntype = "webhook"\nsecret_env = "HOOK_SECRET"\nurl = "{url}"\n'
+
+
+@pytest.mark.parametrize("url", ["https://user:S3CRETPW@example.com/hook", "https://exa mple.com/hook",
+                                 "http://127.0.0.1:99999/hook", "http://127.0.0.1:28901/hook"])  # fmt: skip
+def test_config_check_refuses_exactly_the_sinks_flush_and_scheduler_refuse(tmp_path: Path, url: str) -> None:
+    store = f"sqlite:///{tmp_path / 'ledger.db'}"
+    write(tmp_path / "cronwarden.toml", f'store = "{store}"\n' + JOB + SINKS.format(url=url))
+    environ = clean_env(HOOK_SECRET="s")
+
+    checked = cronwarden("config", "check", cwd=tmp_path, env=environ)
+    flushed = cronwarden("flush", cwd=tmp_path, env=environ)
+
+    assert "S3CRETPW" not in checked.stdout + checked.stderr + flushed.stdout + flushed.stderr
+    if url == "http://127.0.0.1:28901/hook":  # nothing to deliver: no run yet
+        assert (checked.returncode, flushed.returncode) == (0, 0), (checked, flushed)
+        return
+    assert checked.returncode == 2 and flushed.returncode == 2, (checked, flushed)
+    said = flushed.stderr.strip().removeprefix("cronwarden: ").partition(": ")[2]
+    assert said and said in checked.stdout, (said, checked.stdout)
+    scheduled = cronwarden("scheduler", "--for", "1s", cwd=tmp_path, env=environ)
+    assert scheduled.returncode == 2 and said in scheduled.stderr, scheduled

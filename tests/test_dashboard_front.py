@@ -9,9 +9,10 @@ import re
 
 import pytest
 
+from conftest import POSTGRES_URL
 from cronwarden.clock import Clock, FakeClock
 from cronwarden.monitor import Monitor
-from cronwarden.stores.base import Store
+from cronwarden.stores.base import EventQuery, Store
 from cronwarden.web import Dashboard
 from fleet import ADHOC, BACKUP, EXPORT, MISSED, PLAINFAIL, SLOTS, STEADY, fleet
 
@@ -129,3 +130,48 @@ def test_jobs_come_a_page_at_a_time(dashboard: Dashboard) -> None:
 def test_bad_filters_are_400_saying_what_is_expected(dashboard: Dashboard, target: str, said: str) -> None:
     text = front(dashboard, target, status=400)
     assert said in text.replace("&#x27;", "'")
+
+
+def plan(store: Store, backend: str, query: EventQuery | None) -> str:
+    """How the store's database would read ``store.events(query)``, or
+    (``query`` None) every job's finding states (``latest_events``)."""
+    if query is None:
+        from cronwarden.monitor import STATE_KINDS
+        from cronwarden.stores.sql import _kinds_in
+
+        sql = store._shared["latest_events"].replace("{kinds}", _kinds_in(STATE_KINDS))  # type: ignore[attr-defined]
+        args: list[object] = [500]
+    else:
+        sql, args = store._events_sql(query)  # type: ignore[attr-defined]
+    if backend == "sqlite":
+        return " / ".join(str(row[-1]) for row in store._fetch("EXPLAIN QUERY PLAN " + sql, args))  # type: ignore[attr-defined]
+    import psycopg
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")  # an index it can use, it then uses
+        return " / ".join(str(row[0]) for row in conn.execute("EXPLAIN " + sql, args).fetchall())
+
+
+SQL_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
+def test_the_reads_of_every_job_use_their_indexes(store: Store, backend: str) -> None:
+    """A pass reads each job's finding states, the front page the latest
+    trouble across jobs: index reads, not scans of the events, whatever
+    kinds are added later (a new kind of finding or trouble needs its
+    index's list, and a migration, to match)."""
+    from cronwarden.monitor.rules import FINDING_KINDS
+    from cronwarden.monitor.snooze import SNOOZE_KINDS
+    from cronwarden.web.dashboard import TROUBLE
+
+    states = plan(store, backend, EventQuery(job="nightly", kinds=(*FINDING_KINDS, *SNOOZE_KINDS), limit=500))
+    trouble = plan(store, backend, EventQuery(kinds=TROUBLE, limit=100))
+    every_job = plan(store, backend, None)
+    if backend == "sqlite":
+        assert "USING INDEX events_findings (job=?)" in states, states
+        assert "USING INDEX events_trouble" in trouble, trouble
+    else:
+        assert "events_job_kind_at" in states or "events_findings" in states, states
+        assert "events_trouble" in trouble, trouble
+    assert "events_findings" in every_job, every_job

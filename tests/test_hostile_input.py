@@ -4,10 +4,13 @@ as it was (docs/RELIABILITY.md, the bad-input table)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path) -> subproc
 
 
 def ledger(db: Path) -> list[tuple[object, ...]]:
-    with sqlite3.connect(db) as c:
+    with contextlib.closing(sqlite3.connect(db)) as c:  # closed: no -wal or -shm file left open
         return (
             c.execute("SELECT run_id, outcome FROM runs ORDER BY run_id").fetchall()
             + c.execute("SELECT event_id FROM events ORDER BY seq").fetchall()
@@ -49,6 +52,20 @@ CASES = [
     (None, {}, ["run", "--job", "x", "--ttl", "1ms", "--", "true"], 2, ["--ttl must be at least 1s"]),
     (None, {}, ["run", "--job", "x", "--slot", "1e30", "--", "true"], 2, ["--slot", "year 9999"]),
     ('retention = "soon"\n', {}, ["prune"], 2, ["retention"]),
+    (None, {}, ["audit", "--slow", "5"], 2, ["--slow", "at most 1"]),
+    (None, {}, ["audit", "--runs", "99999999999"], 2, ["--runs must be a whole number from 1 to 100000"]),
+    (None, {}, ["history", "x", "--limit", "99999999999"], 2, ["--limit must be a whole number from 1"]),
+    (None, {}, ["run", "--job", "x", "--max-pending", "99999", "--policy", "queue", "--reason", "r", "--",
+                "true"], 2, ["max_pending must be a whole number from 1 to 10000"]),
+    (None, {"CRONWARDEN_TTL": "1ms"}, ["run", "--job", "x", "--", "true"], 2,
+     ["ttl must be at least 1s", "$CRONWARDEN_TTL"]),
+    ('[jobs.x]\nttl = "1m"\nrenew_every = "2m"\n', {}, ["config", "check"], 2, ["renew interval"]),
+    ('store = "postgresql://u@127.0.0.1:1/db?schema=bad-name"\n', {}, ["config", "check"], 2,
+     ["schema must be a plain SQL name"]),
+    ('store = "redis://127.0.0.1:1/0?prefix=p:&bogus=1"\n', {}, ["config", "check"], 2,
+     ["unknown parameter(s) bogus"]),
+    ('[sinks.h]\ntype = "webhook"\nsecret = "s"\nurl = "https://u:pw@example.com/"\n', {},
+     ["config", "check"], 2, ["must not hold a user or password"]),
 ]  # fmt: skip
 
 
@@ -61,7 +78,7 @@ def test_bad_input_is_one_line_and_leaves_the_ledger_as_it_was(
     if config is not None:
         (tmp_path / "cronwarden.toml").write_text(config)
     before = ledger(db)
-    store = ["--store", f"sqlite:///{db}"] if argv[0] in ("run", "prune") else []
+    store = ["--store", f"sqlite:///{db}"] if argv[0] in ("run", "prune", "audit", "history") else []
     words = (
         [*argv[: argv.index("--")], *store, *argv[argv.index("--") :]] if "--" in argv else [*argv, *store]
     )
@@ -93,3 +110,77 @@ def test_a_damaged_schema_is_not_a_usable_store_not_an_outage(tmp_path: Path, db
     assert done.returncode == 2, done
     assert "not a usable cronwarden store" in done.stderr and "RAN" not in done.stdout
     assert done.stderr.count("\n") == 1
+
+
+HOSTILE_HOST = "evil\n\x1b[2J"
+
+
+def test_a_hostile_host_name_already_in_the_store_is_shown_escaped(tmp_path: Path, db: Path) -> None:
+    """The other path: a host name no check saw (another writer, an older
+    version) is escaped wherever it is shown, never printed raw."""
+    from cronwarden.events import Outcome
+    from cronwarden.monitor import Monitor
+    from cronwarden.stores import open_store
+    from cronwarden.stores.base import End, Granted, Start
+    from cronwarden.web import Dashboard
+
+    store = open_store(f"sqlite:///{db}")
+    try:
+        for run_id in ("r-done", "r-open"):
+            granted = store.acquire(Start(job="hostile", key="hostile", run_id=run_id, host=HOSTILE_HOST,
+                                          pid=4242, ttl=600, at=time.time()))  # fmt: skip
+            assert isinstance(granted, Granted)
+            if run_id == "r-done":
+                store.finish(granted.lease, End(Outcome.SUCCEEDED, time.time(), exit_code=0))
+        pages = [Dashboard(Monitor(store)).handle("GET", target).body.decode()
+                 for target in ("/jobs/hostile", "/")]  # fmt: skip
+    finally:
+        store.close()
+
+    status = run_cli("status", "--store", f"sqlite:///{db}", cwd=tmp_path)
+    history = run_cli("history", "hostile", "--store", f"sqlite:///{db}", cwd=tmp_path)
+    for done, runs in ((status, 1), (history, 2)):
+        assert done.returncode == 0, done
+        assert "\x1b" not in done.stdout and "evil\\n\\x1b[2J" in done.stdout, done.stdout
+        # A header and a line per run: no row broken in two.
+        assert len(done.stdout.strip().splitlines()) == 1 + runs, done.stdout
+    for page in pages:
+        assert "\x1b" not in page and "evil\n" not in page
+    assert "evil\\n\\x1b[2J" in pages[0]
+
+
+@pytest.fixture
+def read_only(tmp_path: Path, db: Path) -> Iterator[Path]:
+    """``db``'s directory, bind-mounted read-only (root cannot be stopped by
+    file modes, only by a read-only mount)."""
+    view = tmp_path / "ro"
+    view.mkdir()
+    mounted = subprocess.run(["mount", "--bind", str(db.parent), str(view)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a read-only store needs a bind mount (root, CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        remounted = subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], capture_output=True,
+                                   text=True)  # fmt: skip
+        if remounted.returncode != 0:
+            pytest.skip(f"cannot remount the bind mount read-only: {remounted.stderr.strip()}")
+        yield view / db.name
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
+
+
+def test_a_store_on_a_read_only_filesystem_is_inspected_and_run_says_it_cannot_write(
+    tmp_path: Path, db: Path, read_only: Path
+) -> None:
+    before = ledger(db)
+    url = f"sqlite:///{read_only}"
+
+    for argv in (["status"], ["history", "existing"], ["audit"], ["history", "existing", "--json"]):
+        done = run_cli(*argv, "--store", url, cwd=tmp_path)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done
+    assert "succeeded" in run_cli("history", "existing", "--store", url, cwd=tmp_path).stdout
+
+    ran = run_cli("run", "--job", "existing", "--store", url, "--", "sh", "-c", "echo RAN", cwd=tmp_path)
+    assert ran.returncode == 2 and "RAN" not in ran.stdout, ran
+    assert ran.stderr.count("\n") == 1 and "cannot write" in ran.stderr and "read-only" in ran.stderr
+    assert ledger(db) == before
+    assert sorted(p.name for p in db.parent.iterdir() if p.name.startswith(db.name)) == [db.name]

@@ -45,6 +45,20 @@ class StoreUrlError(UsageError):
         self.url = url
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (a newline, the
+    ESC of an escape sequence, …) written as its Python escape (``\\n``,
+    ``\\x1b``). The one function for values from the store shown as text
+    (host names, notes, in ``status``/``history`` tables, stderr lines and
+    the dashboard): a newline would break a table, an escape sequence clear
+    or rewrite a terminal. Any store may hold such a value: a host name is
+    checked when a run is recorded, but not by other writers or older
+    versions."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def mask_password(text: str) -> str:
     """``text`` with every password in it shown as ``***``: the one function
     for every URL cronwarden prints (messages, ``config check``/``show``,
@@ -86,6 +100,18 @@ class LeaseRevoked(LeaseLost):
     def __init__(self, key: str, by_run_id: str) -> None:
         super().__init__(key, f"revoked by run {by_run_id}")
         self.by_run_id = by_run_id
+
+
+class StopRequested(LeaseRevoked):
+    """Someone asked this run to stop through the store (``cronwarden
+    stop``): its command gets SIGTERM, SIGKILL after ``grace``, and the run
+    records ``stopped``. ``by_run_id`` is the lease's revocation mark
+    (``stores.base.stop_mark``)."""
+
+    def __init__(self, key: str, mark: str, grace: float) -> None:
+        LeaseLost.__init__(self, key, "stop requested (cronwarden stop)")
+        self.by_run_id = mark
+        self.grace = grace
 
 
 class TimedOut(LeaseLost):

@@ -57,6 +57,13 @@ class EventKind(enum.StrEnum):
     # Operators' decisions about a job (data: by, reason, until when timed).
     JOB_PAUSED = "job_paused"
     JOB_RESUMED = "job_resumed"
+    TRIGGERED = "triggered"
+    """A run started by hand (``cronwarden trigger``), outside the schedule:
+    the started or refused start with the same ``run_id`` is that run (data:
+    by, reason)."""
+    STOP_REQUESTED = "stop_requested"
+    """Someone asked the open run ``run_id`` to stop (``cronwarden stop``;
+    data: by, reason, grace); the run records ``stopped`` when it has."""
     SNOOZED = "snoozed"
     """The job's findings are still recorded, but not delivered to alerting
     sinks, until ``data["until"]``."""

@@ -15,7 +15,7 @@ import functools
 import math
 import os
 import threading
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, Protocol, TypeVar, overload
 
@@ -27,11 +27,13 @@ from cronwarden.errors import (
     LeaseLost,
     LeaseRevoked,
     NotStarted,
+    StopRequested,
     StoreError,
     StoreUnavailable,
     TimedOut,
     UnknownOption,
     UsageError,
+    printable,
 )
 from cronwarden.events import JobInfo, Outcome, new_id
 from cronwarden.lease import Heartbeat, HeartbeatThread, Lease, belief
@@ -60,15 +62,21 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-def this_host() -> str:
-    """The host name runs are recorded under (``CRONWARDEN_HOST`` overrides).
-    It is printed by ``status`` and the dashboard: a newline or an escape
-    sequence in it would break their tables or clear a terminal."""
-    given = os.environ.get("CRONWARDEN_HOST")
+def this_host(environ: Mapping[str, str] | None = None) -> str:
+    """The host name runs are recorded under (``CRONWARDEN_HOST`` in
+    ``environ``, default ``os.environ``, overrides). It is printed by
+    ``status`` and the dashboard: a newline or an escape sequence in it would
+    break their tables or clear a terminal."""
+    given = (os.environ if environ is None else environ).get("CRONWARDEN_HOST")
     if given and (not given.isprintable() or len(given) > 255):
         raise UsageError(f"CRONWARDEN_HOST must be a host name of at most 255 printable characters, "
                          f"got {given[:80]!r}")  # fmt: skip
     return given or os.uname().nodename
+
+
+MAX_PENDING = 10_000
+"""The most starts policy queue keeps waiting: each is a run to come, and a
+larger number is a mistake (the default, 1, coalesces)."""
 
 
 class Options:
@@ -180,8 +188,9 @@ class Options:
         if self.max_runtime is not None and self.max_runtime <= 0:
             raise UsageError(f"max_runtime must be greater than zero, got {self.max_runtime:g}s")
         pending = self.max_pending
-        if isinstance(pending, bool) or not isinstance(pending, int) or pending < 1:
-            raise UsageError(f"max_pending must be a whole number of at least 1, got {self.max_pending!r}")
+        if isinstance(pending, bool) or not isinstance(pending, int) or not 1 <= pending <= MAX_PENDING:
+            raise UsageError(f"max_pending must be a whole number from 1 to {MAX_PENDING}, got "
+                             f"{self.max_pending!r}")  # fmt: skip
         if self.replace_grace < 0:
             raise UsageError(f"replace grace must not be negative, got {self.replace_grace:g}s")
         if self.shard is not None:
@@ -417,12 +426,13 @@ class Guard:
             pid=os.getpid(), ttl=o.ttl, at=at, policy=policy, slot=slot, max_pending=o.max_pending,
         )  # fmt: skip
 
-    def acquire(self) -> Run | Refused:
+    def acquire(self, run_id: str | None = None) -> Run | Refused:
         """Try to start a run: the run, or the store's refusal (already
-        recorded in the ledger, with the holder)."""
+        recorded in the ledger, with the holder). ``run_id``: the id the
+        start is recorded under, granted or refused (default: a new one)."""
         if self.options.declares():
             self.warden.declare(self.job, self.options)
-        start = self._start()
+        start = self._start(run_id)
         sharded_or_allow = self.key != self.job or self.options.policy is Policy.ALLOW
         swept = self._close_dead_here(start)
         if sharded_or_allow:
@@ -538,6 +548,8 @@ class Guard:
         if why is None and isinstance(error, LeaseLost):
             why = error
         at = self.clock.wall()
+        if isinstance(why, StopRequested):
+            return End(outcome=Outcome.STOPPED, at=at, exit_code=exit_code, detail=self._stopped_by(run))
         if isinstance(why, LeaseRevoked):
             return End(outcome=Outcome.REPLACED, at=at, exit_code=exit_code, detail=str(why),
                        replaced_by=why.by_run_id)  # fmt: skip
@@ -558,6 +570,22 @@ class Guard:
         if exit_code:
             return End(outcome=Outcome.FAILED, at=at, exit_code=exit_code, detail=f"exit status {exit_code}")
         return End(outcome=Outcome.SUCCEEDED, at=at, exit_code=exit_code)
+
+    def _stopped_by(self, run: Run) -> str:
+        """Who asked the run to stop, and why: the stop request's event."""
+        from cronwarden.events import EventKind
+        from cronwarden.stores.base import EventQuery
+
+        query = EventQuery(run_id=run.run_id, kinds=(EventKind.STOP_REQUESTED,), limit=1, newest_first=False)
+        try:
+            asked = self.warden.store.events(query)
+        except StoreError:
+            return "stop requested (cronwarden stop); who asked could not be read from the store"
+        if not asked:
+            return "stop requested (cronwarden stop)"
+        data = asked[0].data
+        why = f": {data['reason']}" if data.get("reason") else ""
+        return f"stopped by {data.get('by') or 'someone'}{why}"[:500]
 
     def end(
         self,
@@ -1123,6 +1151,6 @@ def describe_refusal(job: str, refused: Refused, now: float) -> str:
 
     since = strftime("%Y-%m-%d %H:%M:%S", localtime(h.started_at))
     return (
-        f"cronwarden: {job} {what}: run {h.run_id} (host {h.host}, pid {h.pid}) has held it "
+        f"cronwarden: {job} {what}: run {h.run_id} (host {printable(h.host)}, pid {h.pid}) has held it "
         f"since {since}, {format_duration(max(0.0, now - h.started_at))} ago; this slot did no work"
     )

@@ -295,7 +295,8 @@ class Scheduler:
 
     def claim_at_start(self, job: ScheduledJob, slot: float, shard: str | None) -> str | None:
         """The slot's claim, taken by a fire as it leaves the start queue: None
-        when this instance won it, else what to say. Taken then, not when the
+        when this instance won it (and the job is not paused), else what to
+        say ("" when said already). Taken then, not when the
         slot fell due, the claim covers a run about to start: an instance
         killed with a long queue leaves the slots it had not reached to the
         others, and instances that share the store share a slot's jobs by
@@ -307,6 +308,8 @@ class Scheduler:
             return f"not fired: {e}"
         if owner != self.owner:
             return f"fired by {owner}"
+        if self._paused(job, slot):
+            return ""  # recorded paused, and said
         if shard is None or shard == job.settings.shards[0]:
             with _COUNT:
                 self.fired += 1
@@ -331,6 +334,8 @@ class Scheduler:
         if owner != self.owner:
             self._say(job.name, None, slot, f"fired by {owner}")
             return
+        if self._paused(job, slot):
+            return
         self.fired += 1
         for shard in job.settings.shards or (None,):
             try:
@@ -341,6 +346,26 @@ class Scheduler:
             self.running.append(Started(job.name, slot, shard, child, job.settings.detach))
             if not isinstance(child, Fire):  # a fire says itself when it starts
                 self._say(job.name, shard, slot, f"started, pid {child.pid}")
+
+    def _paused(self, job: ScheduledJob, slot: float) -> bool:
+        """Whether the job is paused (``cronwarden pause``): then its slot,
+        claimed by this instance, is recorded ``paused``, not fired. A store
+        that cannot say fails closed, as the claim does."""
+        from cronwarden.control import describe_pause, paused_slot
+
+        try:
+            pause = self.store.pause_state(job.name)
+            if pause is None:
+                return False
+            event_id = slot_event_id(EventKind.PAUSED, job.name, slot)
+            event = paused_slot(job.name, slot, pause, decided_by=self.instance, at=self.clock.wall(),
+                                event_id=event_id)  # fmt: skip
+            self.store.record(event)
+        except StoreError as e:
+            self._say(job.name, None, slot, f"not fired: {e}")
+            return True
+        self._say(job.name, None, slot, f"not fired: {describe_pause(pause)}")
+        return True
 
     def reap(self) -> None:
         """Forget finished runs, saying how each ended."""
@@ -558,7 +583,8 @@ class InProcess:
         if self.claim is not None and fire.backfill is None:
             lost = self.claim(job, fire.slot, fire.shard)
             if lost is not None:
-                self._say(fire, lost)
+                if lost:
+                    self._say(fire, lost)
                 return 0
         now = self.clock.wall()
         late = now - fire.slot - job.offset

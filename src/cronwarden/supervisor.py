@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from cronwarden.errors import Interrupted, LeaseLost, LeaseRevoked, UsageError
+from cronwarden.errors import Interrupted, LeaseLost, LeaseRevoked, StopRequested, UsageError
 from cronwarden.guard import Run
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -547,7 +547,12 @@ class Supervisor:
         child = self.child
         assert child is not None
         hb = self.run.heartbeat
-        grace = self.replace_grace if isinstance(why, LeaseRevoked) else self.kill_grace
+        if isinstance(why, StopRequested):
+            grace = why.grace  # cronwarden stop --grace
+        elif isinstance(why, LeaseRevoked):
+            grace = self.replace_grace
+        else:
+            grace = self.kill_grace
         # Whatever grace was asked, the child must be gone before the belief
         # ends: after a revocation renewals are refused, so the lease runs out
         # at the deadline and the replacer may take it; after a refusal or an

@@ -35,10 +35,19 @@ SUPPORTS = {
     "sqlite": [*WORKER_SIDE, Fault.STORE_PAUSE],
     "postgres": [*WORKER_SIDE, Fault.CONN_KILL, Fault.STORE_RESTART, Fault.STORE_PAUSE],
     "redis": [*WORKER_SIDE, Fault.CONN_KILL, Fault.STORE_RESTART, Fault.STORE_PAUSE],
+    # Through a PgBouncer in transaction mode: a killed server connection
+    # behind the pooler, and the server paused behind it past the ttl.
+    "postgres-pgbouncer": [Fault.KILL_SUPERVISOR, Fault.CONN_KILL, Fault.STORE_PAUSE],
 }
-MARKS = {"sqlite": [], "postgres": [pytest.mark.postgres], "redis": [pytest.mark.redis]}
+MARKS = {
+    "sqlite": [],
+    "postgres": [pytest.mark.postgres],
+    "postgres-pgbouncer": [pytest.mark.postgres],
+    "redis": [pytest.mark.redis],
+}
 NEEDS = {
     "postgres": ("psycopg", "cronwarden.stores.postgres", "tests.pgserver"),
+    "postgres-pgbouncer": ("psycopg", "cronwarden.stores.postgres", "tests.pgserver", "tests.pgbouncer"),
     "redis": ("redis", "cronwarden.stores.redis", "tests.redisserver"),
 }
 """Driver, store and private-server helper each store's cells import."""
@@ -73,6 +82,12 @@ def backends(request: pytest.FixtureRequest) -> Iterator[Callable[[str], Backend
             for module in NEEDS.get(name, ()):
                 if importlib.util.find_spec(module) is None:
                     unavailable(f"{name}: module {module} is missing")
+            if name == "postgres-pgbouncer":
+                from tests.pgbouncer import why_not
+
+                why = why_not()
+                if why is not None:
+                    unavailable(f"{name}: {why}")
             opened[name] = open_backend(name)
         return opened[name]
 

@@ -111,3 +111,33 @@ def test_the_url_says_what_to_keep(store_url: str, query: str) -> None:
     with open_store(f"{store_url}{'&' if '?' in store_url else '?'}{query}") as store:
         assert store.retention.max_age == (30 * DAY if "retention" in query else None)
         assert store.retention.keep_runs == (10 if "keep_runs" in query else None)
+
+
+def test_a_sink_that_stopped_acknowledging_keeps_nothing_of_the_events_that_go(store: Store) -> None:
+    """A sink acknowledged out of order (a gap below), then stopped (its
+    receiver down for good): once retention deletes those events, its outbox
+    is the events that are left, and on Redis its mark has passed the deleted
+    records and its acknowledged set is empty (they would grow for ever, and
+    every read of the outbox would walk the deleted records)."""
+    for at in (NOW - 40 * DAY, NOW - 35 * DAY):
+        _run(store, "sent", at)
+    old = store.undelivered("hook", 10, backfill=3650 * DAY)
+    assert len(old) == 4
+    store.mark_delivered("hook", [old[1].event_id, old[3].event_id])  # the first never acknowledged
+    fresh = _run(store, "sent", NOW)
+
+    while not store.prune(Retention(max_age=30 * DAY), NOW).done:
+        pass
+
+    left = store.undelivered("hook", 10)
+    assert [e.run_id for e in left] == [fresh, fresh]
+    from cronwarden.stores.redis import RedisStore
+
+    if isinstance(store, RedisStore):
+        import redis
+        from tests.conftest import REDIS_URL
+
+        with redis.Redis.from_url(REDIS_URL, decode_responses=True) as admin:
+            assert admin.zcard(f"{store.prefix}outbox:hook:acks") == 0
+            seqs = [int(f) for f in admin.hkeys(f"{store.prefix}ev") if f.isdigit()]
+            assert int(admin.get(f"{store.prefix}outbox:hook:mark") or 0) == min(seqs) - 1

@@ -46,8 +46,8 @@ def test_options_copy_deepcopy_and_pickle_to_equal_options() -> None:
         ({"ttl": 1e12}, "at most 100 years"),
         ({"ttl": "ten"}, "ttl must be a duration like 90s"),
         ({"slot": "now"}, "slot must be a time in epoch seconds"),
-        ({"max_pending": 0}, "max_pending must be a whole number of at least 1"),
-        ({"max_pending": 1.5}, "max_pending must be a whole number of at least 1"),
+        ({"max_pending": 0}, "max_pending must be a whole number from 1 to 10000"),
+        ({"max_pending": 1.5}, "max_pending must be a whole number from 1 to 10000"),
     ],
 )
 def test_bad_values_are_one_line_usage_errors(bad: dict[str, Any], says: str) -> None:

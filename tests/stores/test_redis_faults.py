@@ -414,14 +414,21 @@ def test_missing_database_is_a_store_error(server: RedisServer) -> None:
     assert not isinstance(caught.value, StoreUnavailable)
 
 
-def test_a_key_of_the_wrong_type_under_the_prefix_is_a_one_line_store_error(server: RedisServer) -> None:
+@pytest.mark.parametrize("planted", ["open", "runs", "ev", "ev:r", "jobs:n", "rollup", "lease:nightly"])
+def test_a_key_of_the_wrong_type_under_the_prefix_is_refused_before_anything_is_written(
+    server: RedisServer, planted: str
+) -> None:
     admin = server.admin()
-    admin.set("cw_fault:open", "not a hash")  # another program's key where the open runs hash goes
+    admin.set(f"cw_fault:{planted}", "not mine")  # another program's key where one of the store's goes
     with open_store(server.url()) as store, pytest.raises(StoreError) as caught:
         store.acquire(start())
     message = str(caught.value)
     assert not isinstance(caught.value, StoreUnavailable)
-    assert "WRONGTYPE" in message and "\n" not in message and f"127.0.0.1:{server.port}" in message
+    assert f"the key cw_fault:{planted} holds a string where the store keeps a" in message, message
+    assert "\n" not in message and f"127.0.0.1:{server.port}" in message and "prefix of its own" in message
+    # Checked before the script's first write: nothing but the planted key (a
+    # WRONGTYPE half-way through a script would leave the writes before it).
+    assert admin.keys("cw_fault:*") == [f"cw_fault:{planted}"]
     admin.close()
 
 

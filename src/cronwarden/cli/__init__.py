@@ -55,6 +55,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "keep a job's findings from alerting sinks for a while, with a reason",
     ),
     "unsnooze": ("cronwarden.cli.snooze", "end a job's snooze now"),
+    "trigger": ("cronwarden.cli.control", "run a job now, by hand, through its lease and policy"),
+    "pause": ("cronwarden.cli.control", "pause a job on every host until resume, with a reason"),
+    "resume": ("cronwarden.cli.control", "resume a paused job"),
+    "stop": ("cronwarden.cli.control", "stop an open run on whatever host it runs, with a reason"),
 }
 """name -> (module, one-line help). The module defines ``configure_<name>``
 and ``main_<name>`` when it holds several commands, else ``configure``/``main``."""

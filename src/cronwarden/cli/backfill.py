@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from typing import Any
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
@@ -124,6 +125,14 @@ def main(args: Any, *, clock: Clock = SYSTEM_CLOCK) -> int:
     who = _who(args.by)
     store = open_store(store_url(args, config.store))
     try:
+        pause = None if args.dry_run else store.pause_state(args.job)
+        if pause is not None:  # cronwarden pause: nothing starts the job, past slots included
+            from cronwarden.cli.run import EXIT_PAUSED
+            from cronwarden.control import describe_pause
+
+            print(f"cronwarden: backfill: {args.job} is {describe_pause(pause)}; nothing run (cronwarden "
+                  f"resume {args.job} first)", file=sys.stderr)  # fmt: skip
+            return EXIT_PAUSED
         return _backfill(store, job, slots, who, args.dry_run, clock, DEFAULT_MISFIRE_GRACE, DEFAULT_KEEP)
     finally:
         store.close()

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from cronwarden.config import DURATION_KEYS, Config, JobSettings, find, load, resolve, validate
+from cronwarden.config import DURATION_KEYS, Config, JobSettings, find, load, read, resolve
 from cronwarden.durations import format_duration
 from cronwarden.errors import UsageError, mask_password
 from cronwarden.policy import Policy
@@ -54,14 +54,18 @@ def check(args: Any) -> int:
     path = find(args.config)
     if path is None:
         raise UsageError(f"config check: no config file found; {WHERE}")
-    problems = validate(path)
+    from cronwarden.preflight import problems as preflight_problems
+
+    config = read(path)
+    # With the file's own problems, what run and scheduler would refuse
+    # beyond it: the functions they call, so that "ok" means they would start.
+    problems = [*config.problems, *preflight_problems(config)]
     if problems:
         for problem in problems:
             print(problem)
         n = len(problems)
         print(f"cronwarden: {n} problem{'s' if n > 1 else ''} in {path}", file=sys.stderr)
         return 2
-    config = load(path)
     names = [j.name for j in config.jobs]
     jobs = f"{len(names)} job{'s' if len(names) != 1 else ''}" + (f" ({', '.join(names)})" if names else "")
     store = f", store {mask_password(config.store)}" if config.store else ""

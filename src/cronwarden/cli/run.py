@@ -12,9 +12,10 @@ from cronwarden.cli.args import STORE_FLAG, add_flags, duration
 from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.durations import format_duration
 from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageError
-from cronwarden.events import JobInfo, Outcome
+from cronwarden.events import Event, JobInfo, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
+from cronwarden.preflight import MIN_TTL, job_options
 from cronwarden.stores.base import Refused
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ def _sync_job(store: Store, info: JobInfo) -> None:
 
 EXIT_LEASE_LOST = 3
 EXIT_REPLACED = 4
+EXIT_PAUSED = 5
 EXIT_TIMED_OUT = 124
 EXIT_STORE = 75
 
@@ -130,7 +132,9 @@ exit status: the command's own (128+N if killed by signal N; with policy queue, 
   --skip-exit-code (default 0) when skipped or queued (the ledger records it either way);
   128+N when cronwarden itself got signal N (SIGTERM 143, SIGINT 130, SIGHUP 129): the command
   was given the signal, SIGKILLed if still running after the kill grace, and the run recorded
-  interrupted; 2 bad usage; 3 lease lost; 4 replaced; 124 max_runtime exceeded;
+  interrupted; a run stopped by cronwarden stop: the command's (143 after SIGTERM, 137 after
+  SIGKILL), recorded stopped; 2 bad usage; 3 lease lost; 4 replaced; 5 the job is paused (cronwarden pause:
+  not run, recorded paused); 124 max_runtime exceeded;
   75 store unreachable or locked (fail closed), or the run's end could not be recorded (a full
   disk, say: whatever the command's status, said on stderr); 126 not executable; 127 command not found.
 
@@ -169,9 +173,6 @@ def _slot(text: str) -> float:
 
 LATEST_SLOT = 253_402_300_799.0
 """9999-12-31T23:59:59Z: a later slot is a mistake, and no date can show it."""
-MIN_TTL = 1.0
-"""The shortest ``--ttl``: a lease renewed every ttl/3 needs room for a round
-trip to the store and a late wake-up on a busy host, or it is always lost."""
 
 
 def _ttl(text: str) -> float:
@@ -276,15 +277,8 @@ def main(args: Any) -> int:
     _check_partition(settings, args.shard, config_path)
     schedule = _schedule(settings)
     now = SYSTEM_CLOCK.wall()
-    options = Options(
-        ttl=settings.ttl, policy=settings.policy, shard=args.shard, renew_every=settings.renew_every,
-        max_runtime=settings.max_runtime, max_pending=settings.max_pending,
-        replace_grace=settings.replace_grace, allow_unpartitioned=settings.allow_unpartitioned,
-        slot=args.slot if args.slot is not None else None if schedule is None else schedule.slot(now),
-        # What the job declares, so the guard's declaration is the one saved below.
-        every=settings.every, schedule=settings.schedule, timezone=settings.timezone or None,
-        reason=settings.reason, grace=settings.grace,
-    )  # fmt: skip
+    slot = args.slot if args.slot is not None else None if schedule is None else schedule.slot(now)
+    options = job_options(settings, shard=args.shard, slot=slot)
     resolve_command(command[0])
     info = _job_info(settings, schedule, now)
     from cronwarden.supervisor import SignalRelay
@@ -305,7 +299,9 @@ def main(args: Any) -> int:
             guard = Guard(warden, args.job, options)
             if info is not None:
                 _sync_job(warden.store, info)
-            started = guard.acquire()
+            # A paused job's start does not run (cronwarden pause): one read.
+            pause = warden.store.pause_state(args.job)
+            started: Run | Refused | Event = guard.acquire() if pause is None else pause
         except StoreUnavailable as e:
             if args.on_store_error != "run":
                 print(f"cronwarden: {e}; not running {args.job} (fail closed; --on-store-error=run "
@@ -314,6 +310,8 @@ def main(args: Any) -> int:
             print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
             return _unguarded(command)
         try:
+            if isinstance(started, Event):
+                return _paused(warden, args.job, options.slot, started)
             return _supervise(args, command, options, guard, started, relay, _command_env(args, url))
         finally:
             _prune_a_little(warden.store, config, args.job)
@@ -324,6 +322,24 @@ def main(args: Any) -> int:
 
                 flush_after_run(warden.store, {"sinks": config.sinks})
             warden.close()
+
+
+def _paused(warden: Warden, job: str, slot: float | None, pause: Event) -> int:
+    """The job is paused: not run, the start recorded ``paused`` (for its
+    slot once, whoever starts it: the slot decision's event id)."""
+    from cronwarden.control import describe_pause, paused_slot
+
+    event_id = ""
+    if slot is not None:
+        from cronwarden.events import EventKind
+        from cronwarden.scheduler import slot_event_id
+
+        event_id = slot_event_id(EventKind.PAUSED, job, slot)
+    at = warden.clock.wall()
+    warden.store.record(paused_slot(job, slot, pause, decided_by=warden.host, at=at, event_id=event_id))
+    print(f"cronwarden: {job} not run: {describe_pause(pause)} (cronwarden resume {job} to run it "
+          f"again); recorded paused, exit {EXIT_PAUSED}", file=sys.stderr)  # fmt: skip
+    return EXIT_PAUSED
 
 
 EXIT_BY_OUTCOME = {Outcome.LEASE_LOST: EXIT_LEASE_LOST, Outcome.REPLACED: EXIT_REPLACED,

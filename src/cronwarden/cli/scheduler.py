@@ -187,6 +187,15 @@ def main(args: Any) -> int:
             print(f"cronwarden scheduler: {job.name}: {e}; each fire will fail", file=sys.stderr)
 
     url = store_url(args, config.store)
+    # What config check checks beyond the file, by the same functions: each
+    # job's settings as its runs will check them, the host name, the store URL.
+    from cronwarden.config import ConfigError
+    from cronwarden.preflight import problems
+
+    source = "--store" if args.store else config.store_source
+    found = problems(config._replace(store=url, store_source=source))
+    if found:
+        raise ConfigError(found)
     store = open_store(url)
     stopping: list[int] = []
 

@@ -17,7 +17,7 @@ def _open(args: Any) -> Any:
     from cronwarden.cli.args import existing_store_url
     from cronwarden.stores import open_store
 
-    return open_store(existing_store_url(args))
+    return open_store(existing_store_url(args), read_only=True)
 
 
 def configure_status(p: argparse.ArgumentParser) -> None:
@@ -25,8 +25,9 @@ def configure_status(p: argparse.ArgumentParser) -> None:
 
     p.description = (
         "The runs open now on every host: job, run id, host, pid, age, lease expiry, fencing "
-        "token, pending starts. A run whose lease expired is recorded abandoned at the next start. "
-        "Then a line per sink that set events aside because its receiver refused them for good."
+        "token, pending starts, and a stop in progress (cronwarden stop: who asked, when). A run whose "
+        "lease expired is recorded abandoned at the next start. Then a line per paused job (who, when, "
+        "why) and per sink that set events aside because its receiver refused them for good."
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--job", help="only this job")
@@ -43,7 +44,10 @@ def configure_history(p: argparse.ArgumentParser) -> None:
         "cronwarden backfill)."
     )
     p.add_argument("job", help="job name")
-    p.add_argument("--limit", type=int, default=20, help="how many runs, or slots with --slots (default 20)")
+    from cronwarden.cli.window import MOST_RUNS, count_flag
+
+    p.add_argument("--limit", type=count_flag("--limit", MOST_RUNS), default=20,
+                   help="how many runs, or slots with --slots (default 20)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--slots", action="store_true", help="the slot ledger: one line per expected slot")
     p.add_argument(
@@ -57,25 +61,36 @@ def configure_history(p: argparse.ArgumentParser) -> None:
 
 
 def main_status(args: Any) -> int:
+    from cronwarden.control import paused_jobs, stop_requests
+
     store = _open(args)
     try:
         runs = open_runs(store, args.job)
         now = time.time()
+        stops = stop_requests(store, [r for r, _ in runs])
         set_aside = [] if args.json else _set_aside(store)
+        paused = {} if args.json else paused_jobs(store, [args.job] if args.job else store.ledger_jobs())
     finally:
         store.close()
     if args.json:
-        print(json.dumps([open_run_item(r, pending, now) for r, pending in runs], indent=2))
+        items = [open_run_item(r, pending, now) for r, pending in runs]
+        for item in items:
+            asked = stops.get(str(item["run_id"]))
+            if asked is not None:
+                item["stop_requested"] = {"by": asked.data.get("by"), "at": asked.at,
+                                          "reason": asked.data.get("reason")}  # fmt: skip
+        print(json.dumps(items, indent=2))
         return 0
+    said = _paused_lines(paused) + set_aside
     if not runs:
         print("no open runs")
-        for line in set_aside:
+        for line in said:
             print(line)
         return 0
     rows = [
         [r.job, r.run_id, r.host, str(r.pid), when(r.started_at), format_duration(now - r.started_at),
          "-" if r.expires_in is None else format_duration(r.expires_in), str(r.token),
-         str(pending), state(r)]
+         str(pending), _state(r, stops)]
         for r, pending in runs
     ]  # fmt: skip
     print(
@@ -84,9 +99,26 @@ def main_status(args: Any) -> int:
             rows,
         )
     )
-    for line in set_aside:
+    for line in said:
         print(line)
     return 0
+
+
+def _state(run: Any, stops: Any) -> str:
+    """The run's state, and a stop in progress: who asked, when."""
+    asked = stops.get(run.run_id)
+    if asked is None:
+        return state(run)
+    return f"{state(run)}; stop requested by {asked.data.get('by') or 'someone'} at {when(asked.at)}"
+
+
+def _paused_lines(paused: Any) -> list[str]:
+    """A line per paused job: who paused it, when and why."""
+    from cronwarden.control import describe_pause
+
+    return [
+        f"{job}: {describe_pause(pause)} (cronwarden resume {job})" for job, pause in sorted(paused.items())
+    ]
 
 
 def _set_aside(store: Any) -> list[str]:
@@ -148,7 +180,7 @@ def _slots(args: Any, clock: Clock) -> int:
     from cronwarden.monitor.views import slot_items
 
     now = clock.wall()
-    store = open_store_of(args, clock)
+    store = open_store_of(args, clock, existing=True)
     try:
         info = next((j for j in config_jobs(args) if j.name == args.job), None) or store.job(args.job)
         since = None if args.since is None else now - args.since

@@ -5,6 +5,7 @@ and thresholds, the config file's jobs, the store and the ``Monitor``."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,44 +18,60 @@ if TYPE_CHECKING:
     from cronwarden.stores.base import Store
 
 
+SLOW_RANGE = "greater than 0 and at most 1 (the whole period)"
+"""What ``--slow`` accepts: at p95 ≥ the period a job is already critical
+(``slow`` with p95 ≥ the period), so a larger fraction could never warn."""
+
+
 def _fraction(text: str) -> float:
-    """``2/3``, ``0.67`` or ``67%``."""
+    """``2/3``, ``0.67`` or ``67%``, of the period."""
     t = text.strip()
     try:
         if t.endswith("%"):
-            return float(t[:-1]) / 100
-        if "/" in t:
+            value = float(t[:-1]) / 100
+        elif "/" in t:
             num, den = t.split("/", 1)
-            return float(num) / float(den)
-        return float(t)
+            value = float(num) / float(den)
+        else:
+            value = float(t)
     except (ValueError, ZeroDivisionError):
-        raise UsageError(f"--slow must be a fraction like 2/3, 0.67 or 67%, got {text!r}") from None
+        value = math.nan
+    if not 0 < value <= 1:
+        raise UsageError(f"--slow must be a fraction of the period like 2/3, 0.67 or 67%, {SLOW_RANGE}, "
+                         f"got {text!r}")  # fmt: skip
+    return value
 
 
-def _positive_int(what: str) -> Callable[[str], int]:
+def count_flag(what: str, most: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from 1 to ``most``."""
+
     def parse(text: str) -> int:
-        if not text.strip().isdigit() or int(text) < 1:
-            raise UsageError(f"{what} must be a whole number of at least 1, got {text!r}")
+        if not text.strip().isdigit() or not 1 <= int(text) <= most:
+            raise UsageError(f"{what} must be a whole number from 1 to {most}, got {text!r}")
         return int(text)
 
     parse.__name__ = what
     return parse
 
 
+MOST_RUNS = 100_000
+"""The largest window in runs: more is a mistake (each is read from the store)."""
+
+
 def add_window_flags(p: argparse.ArgumentParser, *, rules: bool = True) -> None:
     from cronwarden.cli.args import add_store_flag, duration
 
     g = p.add_argument_group("window and thresholds")
-    g.add_argument("--runs", type=_positive_int("--runs"), default=50, metavar="N",
+    g.add_argument("--runs", type=count_flag("--runs", MOST_RUNS), default=50, metavar="N",
                    help="statistics over at most the last N runs (default 50)")  # fmt: skip
     g.add_argument("--days", type=duration("--days"), default=7 * 86400.0, metavar="DURATION",
                    help="... started in the last DURATION (default 7d)")  # fmt: skip
     if rules:
         g.add_argument("--slow", type=_fraction, default=2 / 3, metavar="FRACTION",
                        help="slow when p95 ≥ FRACTION of the period (default 2/3)")  # fmt: skip
-        g.add_argument("--skips", type=_positive_int("--skips"), default=3, metavar="N",
+        g.add_argument("--skips", type=count_flag("--skips", 10_000), default=3, metavar="N",
                        help="skips_in_a_row after N consecutive skipped starts (default 3)")  # fmt: skip
-        g.add_argument("--min-runs", type=_positive_int("--min-runs"), default=3, metavar="N",
+        g.add_argument("--min-runs", type=count_flag("--min-runs", MOST_RUNS), default=3, metavar="N",
                        help="completed runs needed before judging durations (default 3)")  # fmt: skip
     p.add_argument(
         "--config",
@@ -113,11 +130,14 @@ def _from_config(args: Any) -> tuple[list[JobInfo], dict[str, JobRules], JobRule
 
 def open_store_of(args: Any, clock: Clock, *, existing: bool = False) -> Store:
     """``args``' store; with ``existing``, for a command that only reads it,
-    a SQLite file that does not exist is an error, not a new empty ledger."""
+    a SQLite file that does not exist is an error, not a new empty ledger,
+    and one cronwarden cannot write is opened read-only."""
     from cronwarden.cli.args import existing_store_url, store_url
     from cronwarden.stores import open_store
 
-    return open_store((existing_store_url if existing else store_url)(args), clock=clock)
+    if existing:
+        return open_store(existing_store_url(args), clock=clock, read_only=True)
+    return open_store(store_url(args), clock=clock)
 
 
 def open_monitor(args: Any, store: Store, clock: Clock) -> Monitor:

@@ -236,7 +236,8 @@ class _Reader:
         scheme = value.partition("://")[0].lower()
         if scheme not in SCHEMES:
             self.problem(
-                ("store",), f"store URL scheme must be one of sqlite, postgresql, redis, got {scheme!r}"
+                ("store",),
+                f"store URL scheme must be one of sqlite, postgresql, redis, redis+sentinel, got {scheme!r}",
             )
             return None
         return value

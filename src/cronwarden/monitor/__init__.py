@@ -88,6 +88,9 @@ from cronwarden.monitor.stats import (
 from cronwarden.stores.base import EventQuery, Store, abandon_expired
 from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup
 
+STATE_KINDS: tuple[EventKind, ...] = (*FINDING_KINDS, *SNOOZE_KINDS)
+"""The events a job's finding states and snoozes are derived from."""
+
 __all__ = [
     "BAD_OUTCOMES",
     "DEFAULT_RULES",
@@ -218,7 +221,7 @@ class Monitor:
         """Statistics of one job, now."""
         info = self.store.job(job) or next((j for j in self.extra_jobs if j.name == job), None)
         now = self.clock.wall()
-        return self._read(job, info, now, self.store.open_runs(job))
+        return self._with_pause(self._read(job, info, now, self.store.open_runs(job)))
 
     def _read(self, job: str, info: JobInfo | None, now: float, opened: Sequence[RunRecord]) -> JobStats:
         """The bounded reads of one job, then its statistics."""
@@ -344,8 +347,27 @@ class Monitor:
         if rollup is not None and not opened:
             fast = self._from_rollup(job, info, now, rollup)
             if fast is not None:
-                return fast
-        return self._read(job, info, now, opened)
+                return self._with_pause(fast)
+        return self._with_pause(self._read(job, info, now, opened))
+
+    def _with_pause(self, stats: JobStats) -> JobStats:
+        """A scheduled job's pause (``cronwarden pause``), one indexed read:
+        while paused it is not expected to start, and a slot recorded
+        ``paused`` or a resume counts as the scheduler's last attempt, so
+        neither the pause nor the slots it held back are reported missed."""
+        if stats.schedule is None:
+            return stats
+        import dataclasses
+
+        # The newest of the pause's three kinds says both: paused (a pause,
+        # or a slot held back by one) or not (a resume), and since when.
+        kinds = (EventKind.PAUSED, EventKind.JOB_PAUSED, EventKind.JOB_RESUMED)
+        newest = self.store.events(EventQuery(job=stats.job, kinds=kinds, limit=1))
+        if not newest:
+            return stats
+        last = newest[0]
+        attempt = max(last.at, stats.last_attempt or last.at)
+        return dataclasses.replace(stats, paused=last.kind is not EventKind.JOB_RESUMED, last_attempt=attempt)
 
     def _from_rollup(self, job: str, info: JobInfo | None, now: float, r: Rollup) -> JobStats | None:
         """The statistics ``_read`` would compute, from the job's rollup, or
@@ -419,11 +441,14 @@ class Monitor:
         """The last finding event of each (rule, run id) of ``job``: its state."""
         return self._states(job)[0]
 
-    def _states(self, job: str) -> tuple[dict[tuple[EventKind, str | None], Event], list[Event]]:
-        """The finding states of ``job`` and its snooze events, in one read."""
-        found = self.store.events(
-            EventQuery(job=job, kinds=(*FINDING_KINDS, *SNOOZE_KINDS), limit=self.thresholds.finding_limit)
-        )
+    def _states(
+        self, job: str, read: list[Event] | None = None
+    ) -> tuple[dict[tuple[EventKind, str | None], Event], list[Event]]:
+        """The finding states of ``job`` and its snooze events, in one read
+        (or from ``read``, the job's share of ``_all_states``)."""
+        found = list(read) if read is not None else self.store.events(
+            EventQuery(job=job, kinds=STATE_KINDS, limit=self.thresholds.finding_limit)
+        )  # fmt: skip
         found.sort(key=lambda e: (e.at, e.seq or 0))
         last: dict[tuple[EventKind, str | None], Event] = {}
         snoozes = [e for e in found if e.kind in SNOOZE_KINDS]
@@ -471,13 +496,16 @@ class Monitor:
         if record and stale:  # a store upgraded from a version without rollups: once
             self.store.rebuild_rollups(stale)
             rollups = self._rollups()
-        for name, info in self.known_jobs(opened).items():
+        known = self.known_jobs(opened)
+        # Every job's finding states in one read, not one per job.
+        read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
+        for name, info in known.items():
             stats = self._job_stats(name, info, now, by_job.get(name, []), rollups)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:
                 abandoned.extend(self._abandon_expired(stats, now))
-            states, snoozes = self._states(name)
+            states, snoozes = self._states(name, read.get(name, []))
             snoozed = snooze_at(now, snoozes, stats.rules.maintenance)
             if snoozed is not None:
                 stats = dataclasses.replace(stats, snooze=snoozed)

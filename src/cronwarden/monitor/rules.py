@@ -130,7 +130,7 @@ class MissedRule(Rule):
     kind = EventKind.MISSED
 
     def evaluate(self, stats: JobStats, thresholds: Thresholds) -> list[Condition]:
-        if stats.schedule is None or stats.period is None or stats.grace is None:
+        if stats.schedule is None or stats.period is None or stats.grace is None or stats.paused:
             return []
         reference = stats.last_attempt
         if reference is None:

@@ -4,6 +4,7 @@ and the window and thresholds themselves."""
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -173,8 +174,9 @@ class Thresholds:
             raise UsageError(f"--runs must be at least 1, got {self.runs}")
         if not self.days > 0:
             raise UsageError(f"--days must be greater than zero, got {self.days:g}")
-        if not 0 < self.slow <= 10:
-            raise UsageError(f"--slow must be a fraction of the period like 0.67 or 2/3, got {self.slow:g}")
+        if not 0 < self.slow <= 1:
+            raise UsageError(f"slow must be a fraction of the period like 0.67 or 2/3, greater than 0 and at "
+                             f"most 1, got {self.slow:g}")  # fmt: skip
         if self.skips_in_a_row < 1:
             raise UsageError(f"--skips must be at least 1, got {self.skips_in_a_row}")
         if self.min_runs < 1:
@@ -246,8 +248,11 @@ def newest_slot(
     return ((first, n),)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_schedule(text: str) -> Any:
-    """``Schedule`` from what a ``JobInfo`` keeps (``CRON_TZ=Zone expr`` too)."""
+    """``Schedule`` from what a ``JobInfo`` keeps (``CRON_TZ=Zone expr`` too).
+    Kept per text (a ``Schedule`` is immutable): a pass over 2,000 jobs
+    asks for the same few schedules thousands of times."""
     from cronwarden.schedule import Schedule
 
     t = text.strip()
@@ -366,7 +371,10 @@ class JobStats:
     open_runs: int = 0
     last_start: float | None = None
     last_attempt: float | None = None
-    """Latest start or refused start: when the scheduler last fired."""
+    """Latest start or refused start: when the scheduler last fired (or
+    decided a slot ``paused``, or the job was resumed)."""
+    paused: bool = False
+    """The job is paused (``cronwarden pause``): no start is expected."""
     last_success: float | None = None
     overlap_list: tuple[Overlap, ...] = ()
     stuck: tuple[Stuck, ...] = ()

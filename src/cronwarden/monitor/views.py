@@ -88,18 +88,30 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
             EventQuery(job=job, kinds=[EventKind.BACKFILLED], since=read_since, limit=10_000)
         )
     }
+    manual = _manual(store, job, read_since)
     items: list[tuple[float, dict[str, Any]]] = []
     for r in runs:
         items.append((r.started_at, {
             "type": "run", "run_id": r.run_id, "started_at": r.started_at, "host": r.host, "pid": r.pid,
             "token": r.token, "outcome": r.outcome.value if r.outcome else "running",
             "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
-            "backfill_of": backfills.get(r.run_id),
+            "backfill_of": backfills.get(r.run_id), "manual": manual.get(r.run_id),
         }))  # fmt: skip
     for e in refusals:
-        items.append((e.at, {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}))
+        item = {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}
+        if e.run_id in manual:
+            item["manual"] = manual[e.run_id]
+        items.append((e.at, item))
     items.sort(key=lambda item: item[0], reverse=True)
     return [i for _, i in items]
+
+
+def _manual(store: Store, job: str, since: float | None) -> dict[str, dict[str, Any]]:
+    """The job's manual starts (``cronwarden trigger``) since ``since``:
+    run id -> who started it and why."""
+    query = EventQuery(job=job, kinds=[EventKind.TRIGGERED], since=since, limit=10_000)
+    return {e.run_id: {"by": e.data.get("by"), "reason": e.data.get("reason")}
+            for e in store.events(query) if e.run_id}  # fmt: skip
 
 
 def slot_items(
@@ -130,6 +142,10 @@ def slot_items(
     events = store.events(
         EventQuery(job=job, kinds=SLOT_EVENT_KINDS, since=slots[0] - early, limit=8 * len(slots) + 100)
     )
+    # A manual start (cronwarden trigger) serves no slot: neither it nor its refusal decides one.
+    manual = _manual(store, job, slots[0] - early)
+    runs = [r for r in runs if r.run_id not in manual]
+    events = [e for e in events if e.run_id not in manual]
     decided = decide(slots, schedule, period, grace, now, runs, events)
     return [d.as_dict() for d in reversed(decided)]
 
@@ -142,10 +158,19 @@ def history_note(item: dict[str, Any]) -> str:
         slot = item.get("backfill_of")
         if isinstance(slot, int | float):
             note = "; ".join(filter(None, [f"backfill of the {when(slot)} slot", note]))
-        return note
+        return "; ".join(filter(None, [_manual_note(item), note]))
     age = item.get("holder_age")
     held = f" for {format_duration(age)}" if isinstance(age, int | float) else ""
-    return f"held by {item.get('holder_run_id', '?')}{held}"
+    return "; ".join(filter(None, [_manual_note(item), f"held by {item.get('holder_run_id', '?')}{held}"]))
+
+
+def _manual_note(item: dict[str, Any]) -> str:
+    """``manual by alice@ops-1: why`` for a manual start's item, else ""."""
+    manual = item.get("manual")
+    if not isinstance(manual, dict):
+        return ""
+    why = f": {manual['reason']}" if manual.get("reason") else ""
+    return f"manual by {manual.get('by') or 'someone'}{why}"
 
 
 def state(run: RunRecord) -> str:

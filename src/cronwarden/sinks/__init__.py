@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.durations import parse_duration
-from cronwarden.errors import UsageError
+from cronwarden.errors import UsageError, mask_password
 
 if TYPE_CHECKING:
     from cronwarden.sinks.base import Sink, SinkOptions
@@ -193,8 +193,16 @@ class _Reader:
             parts.port  # noqa: B018 (raises ValueError on a bad port)
         except ValueError:
             ok = False
-        if not ok:
-            self.problem(at, f"{what} must be an http:// or https:// URL, got {text!r}")
+        if not ok or any(c.isspace() or not c.isprintable() for c in text):
+            self.problem(at, f"{what} must be an http:// or https:// URL (no spaces or control characters), "
+                         f"got {mask_password(text)!r}")  # fmt: skip
+            return None
+        if parts.username is not None or parts.password is not None:
+            # http.client sends no credentials from a URL: every request
+            # would be refused by a receiver that needs them, for ever.
+            shown = mask_password(text)
+            self.problem(at, f"{what} must not hold a user or password (user:password@host): they are "
+                         f"not sent; give them in headers (Authorization), got {shown!r}")  # fmt: skip
             return None
         return text
 

@@ -51,7 +51,14 @@ GROUPS: Mapping[str, frozenset[EventKind]] = {
     "findings": FINDINGS,
     "scheduler": frozenset({EventKind.PAUSED, EventKind.MISFIRED, EventKind.BACKFILLED}),
     "operator": frozenset(
-        {EventKind.JOB_PAUSED, EventKind.JOB_RESUMED, EventKind.SNOOZED, EventKind.UNSNOOZED}
+        {
+            EventKind.JOB_PAUSED,
+            EventKind.JOB_RESUMED,
+            EventKind.SNOOZED,
+            EventKind.UNSNOOZED,
+            EventKind.TRIGGERED,
+            EventKind.STOP_REQUESTED,
+        }
     ),
     "delivery": DELIVERY,
     # What pages: a run that ended badly, a start that did no work or

@@ -38,9 +38,10 @@ not usable as configured, or refuses a request outright, raises
 import abc
 import enum
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
-from cronwarden.errors import LeaseLost
+from cronwarden.clock import SYSTEM_CLOCK, Clock
+from cronwarden.errors import LeaseLost, LeaseRevoked, StopRequested, StoreUrlError
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
@@ -199,8 +200,8 @@ and a monitoring pass can afford one (``bench/retention.py`` measures it)."""
 AGE_OUT_FREELY = frozenset(
     {EventKind.STARTED, *(o.event for o in Outcome), EventKind.SKIPPED, EventKind.QUEUED,
      EventKind.QUEUE_FULL, EventKind.PAUSED, EventKind.MISFIRED, EventKind.BACKFILLED,
-     EventKind.SINK_FAILED,
-     EventKind.SINK_RECOVERED, EventKind.SINK_REJECTED}
+     EventKind.SINK_FAILED, EventKind.SINK_RECOVERED, EventKind.SINK_REJECTED, EventKind.TRIGGERED,
+     EventKind.STOP_REQUESTED}
 )  # fmt: skip
 """The kinds retention deletes. Every other kind (the monitor's findings,
 operators' decisions: a state that holds until a later event says
@@ -280,6 +281,35 @@ def is_side_lease(key: str, run_id: str) -> bool:
     return "+" in key and key.endswith("+" + run_id)
 
 
+STOP_MARK = "stop:"
+"""How a lease revoked by ``Store.request_stop`` is marked (policy replace
+marks it with the replacing run's id, a UUID, which never starts so)."""
+
+
+def stop_mark(grace: float) -> str:
+    """The revocation mark of a stop request: it carries the grace, so the
+    run's supervisor knows it at the renewal that finds the mark, with no
+    further read."""
+    return f"{STOP_MARK}{grace!r}"
+
+
+def revocation(key: str, revoked_by: str) -> LeaseRevoked:
+    """What a renewal refused by a revocation raises: ``StopRequested`` for
+    a stop request's mark, ``LeaseRevoked`` for policy replace's."""
+    if revoked_by.startswith(STOP_MARK):
+        try:
+            grace = float(revoked_by.removeprefix(STOP_MARK))
+        except ValueError:
+            grace = 0.0
+        return StopRequested(key, revoked_by, grace)
+    return LeaseRevoked(key, revoked_by)
+
+
+PAUSE_KINDS = (EventKind.JOB_PAUSED, EventKind.JOB_RESUMED)
+PAUSE_READ = 16
+"""Pause and resume events ``Store.pause_state`` reads, newest by time first."""
+
+
 class Store(abc.ABC):
     """A place that keeps leases and the ledger: runs, events, jobs, each
     sink's outbox. Open one with ``cronwarden.stores.open_store(url)``."""
@@ -289,6 +319,22 @@ class Store(abc.ABC):
     retention: Retention = KEEP_ALL
     """What its URL says to keep (``?retention=90d&keep_runs=1000``);
     nothing is pruned unless someone calls ``prune`` with it."""
+
+    # -- opening by URL -----------------------------------------------------
+
+    @classmethod
+    def parse_url(cls, url: str) -> Any:
+        """What ``url`` says to this store, read without connecting to
+        anything; ``StoreUrlError`` naming what is wrong (a malformed part, an
+        unknown option, a bad value). ``from_url`` opens what this returns,
+        and ``config check`` calls it alone (``cronwarden.stores.check_url``),
+        so the two refuse the same URLs."""
+        raise StoreUrlError(url, f"{cls.__name__} is not opened by URL")
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> Self:
+        """The store ``url`` names (read by ``parse_url``), connected."""
+        raise StoreUrlError(url, f"{cls.__name__} is not opened by URL")
 
     # -- leases and runs ----------------------------------------------------
 
@@ -380,6 +426,29 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def request_stop(self, key: str, run_id: str, grace: float, request: Event) -> bool:
+        """Ask the run ``run_id``, holding the lease on ``key``, to stop,
+        on whatever host it runs, in one atomic step: if ``run_id`` owns the
+        lease and it is live by the store's clock, mark it revoked with
+        ``stop_mark(grace)`` and record ``request`` (its ``stop_requested``
+        event, as ``record`` would). From then on the run's renewals raise
+        ``StopRequested`` (``renew``, ``renew_many``), the way a replace's
+        revocation raises ``LeaseRevoked``; its supervisor stops the command
+        (SIGTERM, SIGKILL after the grace) and records ``stopped``.
+
+        A lease already revoked by a replacing start keeps that mark (the run
+        is stopping already: it records ``replaced``), and the request is
+        refused. Asking again while a stop request stands records the new
+        request and keeps the first mark.
+
+        :return: whether the run was asked (False, and nothing written,
+            when it does not own a live lease on ``key`` or is being replaced)
+        :raises StoreUnavailable: the store cannot be reached or is busy
+            right now
+        :raises StoreError: the store is not usable
+        """
+
+    @abc.abstractmethod
     def record(self, event: Event) -> None:
         """Append ``event`` to the ledger, once per ``event_id``: recording
         again an event ``record`` wrote changes nothing and is no error, so a
@@ -439,6 +508,19 @@ class Store(abc.ABC):
         :raises StoreUnavailable: the store cannot be reached right now
         :raises StoreError: the store is not usable
         """
+
+    def latest_events(
+        self, jobs: Sequence[str], kinds: Sequence[EventKind], limit: int
+    ) -> dict[str, list[Event]]:
+        """For each of ``jobs``, what ``events(EventQuery(job=job,
+        kinds=kinds, limit=limit))`` returns (newest first), by job. A store
+        that can answers in one read: every pass of the monitor reads every
+        job's finding states. Here: one ``events`` read per job.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return {job: self.events(EventQuery(job=job, kinds=kinds, limit=limit)) for job in jobs}
 
     @abc.abstractmethod
     def lease(self, key: str) -> LeaseInfo | None:
@@ -500,6 +582,22 @@ class Store(abc.ABC):
         """
         # Each cronwarden store reads the one row; this serves any other.
         return next((j for j in self.jobs() if j.name == name), None)
+
+    def pause_state(self, job: str) -> Event | None:
+        """The ``job_paused`` event that holds now, or None when the job is
+        not paused: of the job's ``job_paused`` and ``job_resumed`` events,
+        the one written last decides (pausing and resuming are ``record`` of
+        those events, so the who and why of each is in the ledger; retention
+        keeps them). Written last by the ledger's order, ``seq``, among the
+        newest few by time: a resume from a host whose clock is behind the
+        pauser's still ends the pause. One indexed read of the job's two kinds.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        latest = self.events(EventQuery(job=job, kinds=PAUSE_KINDS, limit=PAUSE_READ))
+        last = max(latest, key=lambda e: (e.seq or 0, e.at), default=None)
+        return last if last is not None and last.kind is EventKind.JOB_PAUSED else None
 
     # -- rollups --------------------------------------------------------------
 

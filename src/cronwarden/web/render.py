@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from cronwarden.errors import printable
 from cronwarden.events import Event
 from cronwarden.monitor import Severity, Verdict
 from cronwarden.monitor.views import dur, history_note, when
@@ -36,7 +37,8 @@ _OUTCOME_CSS = {"succeeded": "ok", "running": "watch", "queued": "watch", "overl
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """``text`` for HTML, its control characters shown as escapes (``printable``)."""
+    return html.escape(printable(str(text)), quote=True)
 
 
 def css_class(v: Verdict | Severity) -> str:

@@ -48,7 +48,6 @@ from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_positive_duration
 from cronwarden.errors import (
     LeaseLost,
-    LeaseRevoked,
     StoreError,
     StoreUnavailable,
     StoreUrlError,
@@ -74,7 +73,9 @@ from cronwarden.stores.base import (
     is_side_lease,
     pruned_kinds_sql,
     retention_of,
+    revocation,
     side_lease_key,
+    stop_mark,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
 
@@ -260,8 +261,14 @@ class PostgresStore(SqlStore):
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> PostgresStore:
+        conninfo, keywords = cls.parse_url(url)
+        return cls(conninfo, clock=clock, **keywords)
+
+    @classmethod
+    def parse_url(cls, url: str) -> tuple[str, dict[str, Any]]:
         """``postgresql://user@host:port/db?schema=NAME&statement_timeout=5s&lock_timeout=2s``
-        plus any libpq parameter (``connect_timeout``, ``sslmode``, …)."""
+        plus any libpq parameter (``connect_timeout``, ``sslmode``, …): the
+        libpq URL and the store's keywords."""
         try:
             parts = urlsplit(url)
         except ValueError as e:  # e.g. "Invalid IPv6 URL"
@@ -299,16 +306,14 @@ class PostgresStore(SqlStore):
         # quote, not quote_plus: libpq reads a '+' in options literally.
         libpq_query = urlencode(libpq_params, quote_via=quote)
         conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, libpq_query, ""))
-        return cls(
-            conninfo,
-            schema=schema,
-            clock=clock,
-            statement_timeout=statement_timeout,
-            lock_timeout=lock_timeout,
-            url=mask_password(url),
-            pooler=pooler,
-            retention=retention,
-        )
+        try:
+            psycopg.conninfo.conninfo_to_dict(conninfo)
+        except psycopg.Error as e:
+            raise StoreUrlError(url, _one_line(e)) from None
+        return conninfo, {
+            "schema": schema, "statement_timeout": statement_timeout, "lock_timeout": lock_timeout,
+            "url": mask_password(url), "pooler": pooler, "retention": retention,
+        }  # fmt: skip
 
     # -- plumbing ---------------------------------------------------------
 
@@ -516,7 +521,7 @@ class PostgresStore(SqlStore):
             return
         owner, revoked_by = why
         if owner == lease.run_id and revoked_by is not None:
-            raise LeaseRevoked(lease.key, revoked_by)
+            raise revocation(lease.key, revoked_by)
         raise LeaseLost(lease.key, "expired or taken by another run")
 
     def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
@@ -537,7 +542,7 @@ class PostgresStore(SqlStore):
             if why is None:
                 out.append(None)
             elif why:
-                out.append(LeaseRevoked(lease.key, why))
+                out.append(revocation(lease.key, why))
             else:
                 out.append(LeaseLost(lease.key, "expired or taken by another run"))
         return out
@@ -580,6 +585,12 @@ class PostgresStore(SqlStore):
 
     def unlock(self, key: str, owner: str) -> bool:
         return self._call(lambda c: c.execute(self._q["unlock"], (key, owner)).rowcount == 1)
+
+    def request_stop(self, key: str, run_id: str, grace: float, request: Event) -> bool:
+        args = (stop_mark(grace), key, run_id, request.event_id, request.kind.value, request.job,
+                request.run_id, request.at, _json(dict(request.data)))  # fmt: skip
+        row = self._call(lambda c: c.execute(self._q["request_stop"], args).fetchone())
+        return bool(row and row[0])
 
     def record(self, event: Event) -> None:
         args = (event.event_id, event.kind.value, event.job, event.run_id, event.at, _json(dict(event.data)))

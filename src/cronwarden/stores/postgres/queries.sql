@@ -75,6 +75,22 @@ WHERE key = %s AND owner = %s AND expires > clock_timestamp();
 -- name: claim_slot --
 SELECT {s}.claim_slot(%s::text, %s::float8, %s::text, %s::float8);
 
+-- name: request_stop --
+-- Store.request_stop: mark a live lease of the run's revoked by a stop
+-- request, unless a replacing start marked it first (a standing stop mark is
+-- kept), and record the request if it did; 1 if it did, else 0.
+WITH marked AS (
+    UPDATE {s}.leases SET revoked_by = coalesce(revoked_by, %s)
+    WHERE key = %s AND owner = %s AND expires > clock_timestamp()
+      AND (revoked_by IS NULL OR revoked_by LIKE 'stop:%%')
+    RETURNING key
+), recorded AS (
+    INSERT INTO {s}.events (event_id, kind, job, run_id, at, data)
+    SELECT %s, %s, %s, %s, %s::float8, %s::jsonb FROM marked
+    ON CONFLICT (event_id) DO NOTHING
+)
+SELECT count(*)::integer FROM marked;
+
 -- name: record --
 -- Once per event id (record's contract): an id already in the ledger is no error.
 INSERT INTO {s}.events (event_id, kind, job, run_id, at, data)

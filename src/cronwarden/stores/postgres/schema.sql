@@ -65,6 +65,15 @@ CREATE TABLE {s}.events (
 -- failure: job, two kinds). Reads by run id or by kind alone, across jobs,
 -- scan the table; nothing on a hot path makes them.
 CREATE INDEX events_job_kind_at ON {s}.events (job, kind, at);
+-- The dashboard's latest trouble across jobs. Partial: a run's own events
+-- (started, succeeded) cost no entry. Used only by a query whose kind list is
+-- the index's own, as written (stores/sql.py writes sorted literals).
+CREATE INDEX events_trouble ON {s}.events (at)
+    WHERE kind IN ('abandoned', 'failed', 'failing', 'grace_too_wide', 'interrupted', 'job_paused', 'job_resumed', 'lease_lost', 'misfired', 'missed', 'overlap', 'paused', 'policy_undecided', 'queue_full', 'replaced', 'sink_failed', 'sink_rejected', 'skipped', 'skips_in_a_row', 'slow', 'snoozed', 'stopped', 'stuck', 'timed_out', 'too_often', 'unsnoozed');
+-- Every job's finding states and snoozes in one read (Store.latest_events):
+-- partial, as above.
+CREATE INDEX events_findings ON {s}.events (job, at)
+    WHERE kind IN ('failing', 'grace_too_wide', 'missed', 'overlap', 'policy_undecided', 'skips_in_a_row', 'slow', 'snoozed', 'stuck', 'too_often', 'unsnoozed');
 
 -- What the store knows of each job's schedule and policy. job(name) reads
 -- one row by the primary key on every `cronwarden run`; save_job upserts it.

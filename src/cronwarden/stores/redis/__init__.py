@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from redis import exceptions as redis_errors
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
-from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, mask_password
+from cronwarden.errors import LeaseLost, StoreError, StoreUnavailable, mask_password
 from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord, new_id
 from cronwarden.lease import Lease, margin
 from cronwarden.policy import Policy
@@ -86,16 +86,20 @@ from cronwarden.stores.base import (
     Tally,
     is_side_lease,
     kept_kinds,
+    revocation,
     side_lease_key,
+    stop_mark,
 )
 
 from .client import (
     DEFAULT_EVENTS_PER_JOB,
     DEFAULT_PREFIX,
     DEFAULT_RUNS_PER_JOB,
+    DEFAULT_WAIT_TIMEOUT,
     Settings,
     own_client,
     renewer,
+    where,
 )
 from .records import event, expires_in, finished_run, ms, ordhex, ttl_ms, unordhex
 from .scripts import Limits, Scripts
@@ -115,6 +119,9 @@ __all__ = [
     "RedisStore",
 ]
 
+SETTLE_SEQS = 4096
+"""Seqs a retention step moves one sink's mark over at most: 16 reads of 256
+fields, a few milliseconds of the server's time."""
 RECORDED_IDS_KEPT = 86_400
 """Seconds ``record`` remembers an event id, so that a retried call is a
 no-op (the contract): a day, far longer than any retry takes."""
@@ -148,6 +155,8 @@ class RedisStore(Store):
         url: str | None = None,
         owns_client: bool = False,
         retention: Retention = KEEP_ALL,
+        wait_replicas: int = 0,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     ) -> None:
         if runs_per_job < 1 or events_per_job < 1:
             raise ValueError("runs_per_job and events_per_job must be at least 1")
@@ -156,9 +165,12 @@ class RedisStore(Store):
         self._client = client if owns_client else own_client(client)
         self._clock = clock  # kept for the interface; expiry is the server's
         kwargs = client.connection_pool.connection_kwargs
-        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
-        self.address = f"{host}:{port}"
-        self.url = url or f"redis://{self.address}/{kwargs.get('db', 0)}?prefix={prefix}"
+        self.address, bare_url = where(client)
+        self.url = url or f"{bare_url}{'&' if '?' in bare_url else '?'}prefix={prefix}"
+        if wait_replicas < 0 or wait_timeout <= 0:
+            raise ValueError("wait_replicas must be at least 0 and wait_timeout greater than 0")
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
         self.prefix = prefix
         self.retention = retention
         self.runs_per_job = runs_per_job
@@ -170,14 +182,19 @@ class RedisStore(Store):
         self._k_open, self._k_runs, self._k_ev, self._k_ev_run = p + "open", p + "runs", p + "ev", p + "ev:r"
         self._k_ledger_jobs, self._k_jobs = p + "jobs:ev", p + "jobs"
         self._k_job_counts = p + "jobs:n"
+        self._k_sinks = p + "outbox:sinks"
         self._k_rollups = [p + "rollup", p + "rollup:d", p + "rollup:w"]
         self._scripts = Scripts(self._client, Limits.of(runs_per_job, events_per_job))
+
+    @classmethod
+    def parse_url(cls, url: str) -> Settings:
+        return Settings.parse(url)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> RedisStore:
         """A store on the client ``url`` describes (``client.Settings.parse``
         says what a URL may hold)."""
-        settings = Settings.parse(url)
+        settings = cls.parse_url(url)
         return cls(
             settings.client(),
             prefix=settings.prefix,
@@ -187,6 +204,8 @@ class RedisStore(Store):
             url=mask_password(url),
             owns_client=True,
             retention=settings.retention,
+            wait_replicas=settings.wait_replicas,
+            wait_timeout=settings.wait_timeout,
         )
 
     # -- plumbing ---------------------------------------------------------
@@ -226,6 +245,37 @@ class RedisStore(Store):
             return script(keys=keys, args=args, client=client)
         except redis_errors.RedisError as e:
             raise self._error(e) from None
+
+    def _replicated(self, script: Script, keys: list[str], args: list[str]) -> Any:
+        """Run ``script``, then ``WAIT`` for ``wait_replicas`` replicas to
+        have its writes, both on one connection in one round trip (``WAIT``
+        counts the writes of the connection it is sent on). Raises
+        ``StoreUnavailable`` when fewer acknowledge within ``wait_timeout``:
+        a grant only the master has would be lost by a failover now, and a
+        second holder granted. What the script wrote stays (a grant expires
+        by its ttl, and the next start records that run ``abandoned``)."""
+        for attempt in range(2):
+            try:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.wait(self.wait_replicas, max(1, round(self.wait_timeout * 1000)))
+                reply, acked = pipe.execute(raise_on_error=False)
+                if isinstance(reply, redis_errors.NoScriptError) and attempt == 0:
+                    self._client.script_load(script.script)  # first use on this server; then once more
+                    continue
+            except redis_errors.RedisError as e:
+                raise self._error(e) from None
+            if isinstance(reply, redis_errors.RedisError):
+                raise self._error(reply) from None
+            if isinstance(acked, redis_errors.RedisError):
+                raise self._error(acked) from None
+            if int(acked) < self.wait_replicas:
+                raise StoreUnavailable(
+                    f"Redis store {self.address}: {acked} of {self.wait_replicas} replica(s) acknowledged "
+                    f"the write within {self.wait_timeout:g}s (wait_replicas); not trusting it"
+                )
+            return reply
+        raise AssertionError("unreachable: the second try returns or raises")
 
     def _renewer(self, ttl: float) -> redis.Redis:
         """A client whose calls give up within the belief margin (the part
@@ -278,7 +328,10 @@ class RedisStore(Store):
         if start.policy is Policy.ALLOW:  # the side lease: declared only when it may be touched
             keys += [f"{p}lease:{side}", f"{p}live:{side}"]
         fields = [*self._start_fields(start), start.policy.value, str(start.max_pending), new_id(), side]
-        reply = self._call(self._scripts.acquire, keys, [_packed(fields)])
+        if self.wait_replicas:
+            reply = self._replicated(self._scripts.acquire, keys, [_packed(fields)])
+        else:
+            reply = self._call(self._scripts.acquire, keys, [_packed(fields)])
         if reply[0] == "G":
             lease = Lease(
                 key=start.key, job=start.job, run_id=start.run_id, token=int(reply[1]), ttl=start.ttl
@@ -305,7 +358,7 @@ class RedisStore(Store):
         if reply[0] == "ok":
             return
         if reply[0] == "revoked":
-            raise LeaseRevoked(lease.key, reply[1])
+            raise revocation(lease.key, reply[1])
         raise LeaseLost(lease.key, "expired or taken by another run")
 
     def renew_many(self, leases: Sequence[Lease]) -> list[LeaseLost | None]:
@@ -324,7 +377,7 @@ class RedisStore(Store):
             if state == "1":
                 out.append(None)
             elif state == "r":
-                out.append(LeaseRevoked(lease.key, next(revokers)))
+                out.append(revocation(lease.key, next(revokers)))
             else:
                 out.append(LeaseLost(lease.key, "expired or taken by another run"))
         return out
@@ -369,6 +422,13 @@ class RedisStore(Store):
             json.dumps(dict(event.data), separators=(",", ":"), default=str),
             str(RECORDED_IDS_KEPT * 1000),
         ]
+
+    def request_stop(self, key: str, run_id: str, grace: float, request: Event) -> bool:
+        p = self.prefix
+        keys = [f"{p}lease:{key}", f"{p}live:{key}", self._index(request.job), self._k_ev, self._k_ev_run,
+                self._k_job_counts, self._k_runs, f"{p}eid:{request.event_id}", *self._k_rollups]  # fmt: skip
+        args = [run_id, stop_mark(grace), _packed(self._record_fields(request))]
+        return bool(self._call(self._scripts.request_stop, keys, args))
 
     def record(self, event: Event) -> None:
         fields = self._record_fields(event)
@@ -526,9 +586,32 @@ class RedisStore(Store):
             raise self._error(e) from None
         runs = sum(int(r[0]) for r in replies)
         events = sum(int(r[1]) for r in replies)
-        if events and not dry_run:
-            self._forget_dead_letters_of_pruned()
-        return Pruned(runs, events, done=not any(int(r[2]) for r in replies))
+        settled = True
+        if not dry_run:
+            if events:
+                self._forget_dead_letters_of_pruned()
+            if jobs is None:  # a whole step (the monitor's, prune's), not a run's end
+                settled = self._settle_outboxes()
+        return Pruned(runs, events, done=settled and not any(int(r[2]) for r in replies))
+
+    def _settle_outboxes(self) -> bool:
+        """Each registered sink's mark moved over the deleted records above
+        it (``settle.lua``), at most ``SETTLE_SEQS`` seqs per sink and step;
+        True when no sink has more to pass."""
+        sinks, dead = self._read(lambda pipe: (pipe.smembers(self._k_sinks),
+                                               pipe.smembers(f"{self.prefix}outbox:rejected")))  # fmt: skip
+        names = sorted({*sinks, *dead})
+        if not names:
+            return True
+        seqs = str(SETTLE_SEQS)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for sink in names:
+                self._scripts.settle(keys=self._outbox_keys(sink), args=[seqs], client=pipe)
+            replies: list[Any] = pipe.execute()
+        except redis_errors.RedisError as e:
+            raise self._error(e) from None
+        return not any(int(r[1]) for r in replies)
 
     def _forget_dead_letters_of_pruned(self) -> None:
         """Each sink's dead letters whose records retention deleted (at most
@@ -721,11 +804,11 @@ class RedisStore(Store):
     def undelivered(self, sink: str, limit: int, *, backfill: float = NEW_SINK_BACKFILL) -> list[Event]:
         if limit < 1:
             return []
-        keys = self._outbox_keys(sink)
-        reply = self._call(self._scripts.undelivered, keys, [str(limit)])
+        keys = [*self._outbox_keys(sink), self._k_sinks]
+        reply = self._call(self._scripts.undelivered, keys, [str(limit), sink])
         if reply is None:
             self._register(sink, backfill)
-            reply = self._call(self._scripts.undelivered, keys, [str(limit)])
+            reply = self._call(self._scripts.undelivered, keys, [str(limit), sink])
         return [event(reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
 
     def mark_delivered(self, sink: str, event_ids: Sequence[str]) -> None:
@@ -790,7 +873,8 @@ class RedisStore(Store):
         found = self._read(lambda pipe: [pipe.zrangebylex(i, f"[@|{cutoff}", "(@}") for i in indexes])
         seqs = [int(m.split("|", 3)[2]) for members in found for m in members]
         mark = min(seqs) - 1 if seqs else int(top or 0)
-        self._read(lambda pipe: pipe.set(self._outbox_keys(sink)[1], str(mark), nx=True))
+        self._read(lambda pipe: (pipe.set(self._outbox_keys(sink)[1], str(mark), nx=True),
+                                 pipe.sadd(self._k_sinks, sink)))  # fmt: skip
 
     def close(self) -> None:
         with self._renewers_lock:

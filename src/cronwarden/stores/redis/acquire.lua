@@ -1,4 +1,5 @@
 -- with: limits, fence, rollup, ledger
+-- types: hash string hash hash zset hash zset hash hash hash hash hash string
 -- Store.acquire: judge the lease by the server's clock, record an expired
 -- owner abandoned, grant with the next token, or act by the policy.
 -- KEYS: 1 lease, 2 live, 3 open runs, 4 finished runs, 5 job index, 6 event records,

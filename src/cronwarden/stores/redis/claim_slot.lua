@@ -1,3 +1,4 @@
+-- types: string
 -- Store.claim_slot: the first owner of a fire time, kept with PX, so it is
 -- forgotten by the server's clock; nothing else is written.
 -- KEYS: 1 the claim. ARGV: 1 owner, 2 keep ms

@@ -1,4 +1,5 @@
 -- with: limits, fence, rollup, ledger
+-- types: hash string hash hash zset hash zset hash hash hash hash zset
 -- Store.finish: the terminal record, the release, or the hand-over to the
 -- queued start `then` with the next token.
 -- KEYS: 1 lease, 2 live, 3 open runs, 4 finished runs, 5 job index, 6 event records,

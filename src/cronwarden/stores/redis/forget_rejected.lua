@@ -1,3 +1,4 @@
+-- types: hash zset set
 -- Store.forget_rejected: take events out of the sink's dead letters by id,
 -- and the sink out of the set of sinks with dead letters once it has none.
 -- KEYS: 1 event records, 2 the sink's dead letters, 3 the sinks with dead letters.

@@ -1,4 +1,5 @@
 -- with: fence
+-- types: string hash
 -- Store.lock: the bare lock, no ledger. The owner is the value of a key with
 -- PX, as any Redis lock; the fencing counter is a hash of server run id ->
 -- last token, so a grant under a server process that has not granted this

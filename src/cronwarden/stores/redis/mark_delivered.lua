@@ -1,4 +1,5 @@
 -- with: outbox
+-- types: hash string zset
 -- Store.mark_delivered: acknowledge events by id, move the mark over the
 -- acknowledged prefix and prune the set below it; false for a sink not
 -- registered yet.

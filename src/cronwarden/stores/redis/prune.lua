@@ -1,3 +1,4 @@
+-- types: zset hash zset hash hash
 -- Retention's step for one job (Store.prune): the job's finished runs that
 -- started before the cutoff, and its events before it, oldest first, at
 -- most `budget` of each. Never an open run (its record is not in the

@@ -1,4 +1,5 @@
 -- with: limits, rollup, ledger
+-- types: zset hash zset hash hash string hash hash hash
 -- Store.record: one event, once per event id.
 -- KEYS: 1 job index, 2 event records, 3 run id index, 4 jobs -> events written, 5 finished runs,
 --       6 the event id's mark (recorded ids are remembered, so that a retried record is a no-op),

@@ -1,4 +1,5 @@
 -- with: limits, rollup, ledger, outbox
+-- types: hash string zset zset set zset zset hash hash string
 -- Store.reject: record the rejection (once per event id), acknowledge the
 -- event, keep it among the sink's dead letters (at most `keep`: the oldest
 -- beyond are dropped) and list the sink among those with dead letters;

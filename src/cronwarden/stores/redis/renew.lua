@@ -1,4 +1,5 @@
 -- with: fence
+-- types: hash string
 -- Store.renew: extend the owner's live key by the server's clock.
 -- KEYS: 1 lease, 2 live. ARGV: 1 run id, 2 ttl ms
 local h = redis.call('HMGET', KEYS[1], 'owner', 'revoked_by')

@@ -1,4 +1,5 @@
 -- with: fence
+-- types: hash string ...
 -- Store.renew_many: renew.lua for each lease of one heartbeat, in one script.
 -- KEYS: the leases' hash and live key, in pairs (2i-1, 2i).
 -- ARGV: 1 the leases' run ids then their ttls in ms, as one JSON array (one

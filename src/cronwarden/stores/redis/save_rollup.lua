@@ -1,3 +1,4 @@
+-- types: hash hash hash
 -- Store.rebuild_rollups: one job's rebuilt rollup, written only if its
 -- summary is still the one the rebuild saw before it read the ledger.
 -- KEYS: 1 summaries, 2 durations, 3 windows (rollup.lua)

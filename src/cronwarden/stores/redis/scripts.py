@@ -8,7 +8,8 @@ A script's first line may name the shared parts it is built on, in order:
 the records); ``limits`` is one line of retention constants the store writes
 (``RUNS_MAX``, ``EVENTS_MAX``, …), so a store's limits are part of its
 scripts' text, not an argument of every call. The parts are prepended to the
-script: one text, one SHA1, loaded by the server as one script.
+script, then the check of its keys' types (its ``-- types:`` line,
+``TYPES``): one text, one SHA1, loaded by the server as one script.
 
 The files are read once per process, when the first store is opened.
 """
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).parent
 WITH = "-- with:"
+TYPES = "-- types:"
+"""A script's second line (or first, without parts): the Redis type of each
+of its KEYS in order (``hash string zset``; a last ``...`` repeats the list),
+checked before the script writes anything (``types.lua``)."""
 
 
 class Limits(NamedTuple):
@@ -60,11 +65,21 @@ def source(name: str) -> str:
 
 
 def text(name: str, limits: Limits) -> str:
-    """Script ``name`` whole: its shared parts, then its own file."""
+    """Script ``name`` whole: its shared parts, the check of its keys' types
+    (its ``-- types:`` line, ``types.lua``), then its own file."""
     own = source(name)
-    first = own.split("\n", 1)[0]
+    header = own.split("\n", 2)[:2]
+    first = header[0]
     parts = [p.strip() for p in first.removeprefix(WITH).split(",")] if first.startswith(WITH) else []
-    return "\n".join([*(limits.lua() if p == "limits" else source(p) for p in parts), own])
+    check = []
+    declared = next((line.removeprefix(TYPES) for line in header if line.startswith(TYPES)), None)
+    if declared is not None:
+        names = declared.split()
+        cycle = names[-1:] == ["..."]
+        listed = ", ".join(f"'{t}'" for t in names[: -1 if cycle else None])
+        check = [source("types"), f"do local wrong = wrong_type({{{listed}}}, {str(cycle).lower()}) "
+                 "if wrong then return redis.error_reply(wrong) end end"]  # fmt: skip
+    return "\n".join([*(limits.lua() if p == "limits" else source(p) for p in parts), *check, own])
 
 
 class Scripts:
@@ -82,6 +97,7 @@ class Scripts:
         self.renew = register("renew")
         self.renew_many = register("renew_many")
         self.record = register("record")
+        self.request_stop = register("request_stop")
         self.undelivered = register("undelivered")
         self.mark_delivered = register("mark_delivered")
         self.reject = register("reject")
@@ -92,3 +108,4 @@ class Scripts:
         self.claim_slot = register("claim_slot")
         self.save_rollup = register("save_rollup")
         self.prune = register("prune")
+        self.settle = register("settle")

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.durations import parse_duration
-from cronwarden.errors import LeaseLost, LeaseRevoked, StoreError, StoreUnavailable, StoreUrlError
+from cronwarden.errors import LeaseLost, StoreError, StoreUnavailable, StoreUrlError, UsageError
 from cronwarden.events import Event, EventKind, RunRecord, new_id
 from cronwarden.lease import Lease
 from cronwarden.policy import Policy
@@ -67,7 +67,9 @@ from cronwarden.stores.base import (
     is_side_lease,
     pruned_kinds_sql,
     retention_of,
+    revocation,
     side_lease_key,
+    stop_mark,
 )
 from cronwarden.stores.sql import SqlStore, migrations, queries, read_sql, run_from_row
 
@@ -140,7 +142,12 @@ class SqliteStore(SqlStore):
         synchronous: str = "FULL",
         busy_timeout: float = 5.0,
         retention: Retention = KEEP_ALL,
+        read_only: bool = False,
     ) -> None:
+        """``read_only``: for a caller that only reads. A file cronwarden
+        cannot write (a read-only filesystem, a file or directory without
+        write permission) is then opened read-only: nothing is migrated, and
+        any write raises ``StoreError``. A writable file is opened as usual."""
         self.path = os.fspath(path)
         self.url = f"sqlite:///{self.path}"
         self.retention = retention
@@ -163,6 +170,13 @@ class SqliteStore(SqlStore):
             # open" or fail later with a retryable-looking I/O error.
             what = "a directory" if os.path.isdir(self.path) else "not a regular file"
             raise StoreError(f"SQLite store {self.path} is {what}; expected a database file path")
+        unwritable = _unwritable(self.path) if exists else None
+        if unwritable is not None and read_only:
+            self._db = self._open_read_only(busy_timeout)
+            return
+        if unwritable is not None:
+            raise StoreError(f"cannot write SQLite store {self.path}: {unwritable}; cronwarden run records "
+                             "every run there (status, history and audit can still read it)")  # fmt: skip
         try:
             if not exists:
                 _create_private(parent, self.path)
@@ -180,6 +194,48 @@ class SqliteStore(SqlStore):
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise _store_error(self.path, e) from None
+
+    def _open_read_only(self, busy_timeout: float) -> sqlite3.Connection:
+        """The file, opened for reading only, if its schema is this
+        version's (an older one cannot be upgraded without writing).
+
+        A WAL database needs its ``-shm`` index to be read: SQLite makes one
+        if it can, and reads an existing one. On a read-only filesystem with
+        neither, the file is read as immutable (the ``-wal`` file, if any, is
+        not read: what a writer left there uncheckpointed is not seen)."""
+        from urllib.parse import quote
+
+        base = f"file:{quote(os.path.abspath(self.path))}?mode=ro"
+        db: sqlite3.Connection | None = None
+        try:
+            for uri in (base, base + "&immutable=1"):
+                db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
+                                     timeout=busy_timeout)  # fmt: skip
+                try:
+                    version = db.execute("PRAGMA user_version").fetchone()[0]
+                    break
+                except sqlite3.OperationalError:
+                    db.close()
+                    if uri != base:
+                        raise
+        except sqlite3.DatabaseError as e:
+            raise _store_error(self.path, e) from None
+        assert db is not None
+        db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        problem = None
+        if version == 0:
+            problem = "is not a cronwarden store (no cronwarden schema version)"
+        elif version > SCHEMA_VERSION:
+            problem = (f"has schema version {version}; this cronwarden knows up to {SCHEMA_VERSION}. "
+                       "Upgrade cronwarden")  # fmt: skip
+        elif version < SCHEMA_VERSION:
+            problem = (f"has schema version {version}, older than this cronwarden's {SCHEMA_VERSION}, and "
+                       "cannot be written to bring it up to date; run cronwarden where it can write the file "
+                       "once")  # fmt: skip
+        if problem is not None:
+            db.close()
+            raise StoreError(f"{self.path} {problem}")
+        return db
 
     def _prepare(self, synchronous: str, deadline: float) -> None:
         """Check the file is ours, set WAL mode, create or upgrade the schema.
@@ -216,7 +272,9 @@ class SqliteStore(SqlStore):
                 time.sleep(0.005)  # another process is creating or upgrading the schema
 
     @classmethod
-    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK) -> SqliteStore:
+    def parse_url(cls, url: str) -> dict[str, Any]:
+        """``sqlite:///PATH?synchronous=full&busy_timeout=5s&retention=90d&keep_runs=1000``:
+        the keywords of the store it opens."""
         path = path_of(url)
         query = url.partition("?")[2]
         params: dict[str, str] = {}
@@ -227,11 +285,18 @@ class SqliteStore(SqlStore):
         sync = params.pop("synchronous", "full").upper()
         if sync not in ("FULL", "NORMAL", "EXTRA"):
             raise StoreUrlError(url, f"synchronous must be full, normal or extra, got {sync.lower()!r}")
-        busy = parse_duration(params.pop("busy_timeout", "5s"), what="busy_timeout")
+        try:
+            busy = parse_duration(params.pop("busy_timeout", "5s"), what="busy_timeout")
+        except UsageError as e:
+            raise StoreUrlError(url, str(e)) from None
         retention = retention_of(url, params)
         if params:
             raise StoreUrlError(url, f"unknown parameter(s) {', '.join(sorted(params))}")
-        return cls(path, clock=clock, synchronous=sync, busy_timeout=busy, retention=retention)
+        return {"path": path, "synchronous": sync, "busy_timeout": busy, "retention": retention}
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK, read_only: bool = False) -> SqliteStore:
+        return cls(**cls.parse_url(url), clock=clock, read_only=read_only)
 
     # -- plumbing ---------------------------------------------------------
 
@@ -525,6 +590,14 @@ class SqliteStore(SqlStore):
             db.execute(q["release"], (lease.key, lease.run_id))
             return Finished(owned=True, recorded=recorded)
 
+    def request_stop(self, key: str, run_id: str, grace: float, request: Event) -> bool:
+        now, boot = self._now()
+        with self._tx() as db:
+            if db.execute(self._q["request_stop"], (stop_mark(grace), key, run_id, boot, now)).rowcount != 1:
+                return False
+            self._insert_event(db, request)
+            return True
+
     def record(self, event: Event) -> None:
         with self._tx() as db:
             self._insert_event(db, event)
@@ -757,7 +830,7 @@ class _Transaction:
 def _refused(lease: Lease, row: Sequence[Any] | None) -> LeaseLost:
     """Why a renewal matched no row, from the lease's ``(owner, revoked_by)``."""
     if row is not None and row[0] == lease.run_id and row[1] is not None:
-        return LeaseRevoked(lease.key, row[1])
+        return revocation(lease.key, row[1])
     return LeaseLost(lease.key, "expired or taken by another run")
 
 
@@ -783,6 +856,21 @@ def _create_private(parent: str, path: str) -> None:
     except FileExistsError:
         return  # another process made it first
     os.close(fd)
+
+
+def _unwritable(path: str) -> str | None:
+    """Why cronwarden cannot write the SQLite file at ``path`` (it needs the
+    file and, for the ``-wal`` and ``-shm`` files beside it, its directory),
+    or None when it can."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.access(path, os.W_OK) and os.access(parent, os.W_OK):
+        return None
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "it is on a read-only filesystem"
+    except OSError:
+        pass
+    return "it is not writable (check the permissions of the file and its directory)"
 
 
 def _store_error(path: str, e: sqlite3.Error) -> StoreError:

@@ -29,6 +29,14 @@ UPDATE leases SET owner = ?, token = ?, expires = ?, boot_id = ?, revoked_by = N
 -- name: revoke --
 UPDATE leases SET revoked_by = ? WHERE key = ? AND revoked_by IS NULL;
 
+-- name: request_stop --
+-- Store.request_stop: mark a live lease of the run's revoked by a stop
+-- request, unless a replacing start marked it first; a standing stop mark
+-- is kept.
+UPDATE leases SET revoked_by = coalesce(revoked_by, ?1)
+WHERE key = ?2 AND owner = ?3 AND boot_id = ?4 AND expires > ?5
+    AND (revoked_by IS NULL OR revoked_by LIKE 'stop:%');
+
 -- name: queue --
 UPDATE leases SET pending = pending + 1 WHERE key = ?;
 

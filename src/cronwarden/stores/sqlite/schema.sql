@@ -64,6 +64,14 @@ CREATE UNIQUE INDEX events_event_id ON events (event_id);
 -- refusals, the outbox's backoff (a sink's newest failure). Reads by run id
 -- or kind alone, across jobs, scan the table; nothing on a hot path makes them.
 CREATE INDEX events_job_at ON events (job, at);
+-- The monitor's finding states and snoozes, per job (every pass reads them for
+-- every job), and the dashboard's latest trouble across jobs. Partial: a run's
+-- own events (started, succeeded) cost no entry. Used only by a query whose kind
+-- list is the index's own, as written (stores/sql.py writes sorted literals).
+CREATE INDEX events_findings ON events (job, at)
+    WHERE kind IN ('failing', 'grace_too_wide', 'missed', 'overlap', 'policy_undecided', 'skips_in_a_row', 'slow', 'snoozed', 'stuck', 'too_often', 'unsnoozed');
+CREATE INDEX events_trouble ON events (at)
+    WHERE kind IN ('abandoned', 'failed', 'failing', 'grace_too_wide', 'interrupted', 'job_paused', 'job_resumed', 'lease_lost', 'misfired', 'missed', 'overlap', 'paused', 'policy_undecided', 'queue_full', 'replaced', 'sink_failed', 'sink_rejected', 'skipped', 'skips_in_a_row', 'slow', 'snoozed', 'stopped', 'stuck', 'timed_out', 'too_often', 'unsnoozed');
 -- A rowid is max(rowid) + 1, so deleting the newest event would hand its seq
 -- out again, below a sink's mark that had passed it: the sink would never see
 -- the new event. Older events may be deleted (retention); the newest may not.
