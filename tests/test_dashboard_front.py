@@ -132,9 +132,17 @@ def test_bad_filters_are_400_saying_what_is_expected(dashboard: Dashboard, targe
     assert said in text.replace("&#x27;", "'")
 
 
-def plan(store: Store, backend: str, query: EventQuery) -> str:
-    """How the store's database would read ``store.events(query)``."""
-    sql, args = store._events_sql(query)  # type: ignore[attr-defined]
+def plan(store: Store, backend: str, query: EventQuery | None) -> str:
+    """How the store's database would read ``store.events(query)``, or
+    (``query`` None) every job's finding states (``latest_events``)."""
+    if query is None:
+        from cronwarden.monitor import STATE_KINDS
+        from cronwarden.stores.sql import _kinds_in
+
+        sql = store._shared["latest_events"].replace("{kinds}", _kinds_in(STATE_KINDS))  # type: ignore[attr-defined]
+        args: list[object] = [500]
+    else:
+        sql, args = store._events_sql(query)  # type: ignore[attr-defined]
     if backend == "sqlite":
         return " / ".join(str(row[-1]) for row in store._fetch("EXPLAIN QUERY PLAN " + sql, args))  # type: ignore[attr-defined]
     import psycopg
@@ -159,9 +167,11 @@ def test_the_reads_of_every_job_use_their_indexes(store: Store, backend: str) ->
 
     states = plan(store, backend, EventQuery(job="nightly", kinds=(*FINDING_KINDS, *SNOOZE_KINDS), limit=500))
     trouble = plan(store, backend, EventQuery(kinds=TROUBLE, limit=100))
+    every_job = plan(store, backend, None)
     if backend == "sqlite":
         assert "USING INDEX events_findings (job=?)" in states, states
         assert "USING INDEX events_trouble" in trouble, trouble
     else:
-        assert "events_job_kind_at" in states, states
+        assert "events_job_kind_at" in states or "events_findings" in states, states
         assert "events_trouble" in trouble, trouble
+    assert "events_findings" in every_job, every_job

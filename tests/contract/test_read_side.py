@@ -331,3 +331,28 @@ def test_tally_counts_a_jobs_events_by_kind_and_its_completed_durations(store: S
 
     assert dict(t.events) == {"started": 3, "succeeded": 1, "failed": 1, "lease_lost": 1, "skipped": 1}
     assert sorted(t.durations) == [10.0, 11.0]  # lease_lost was cut short: not a completed run
+
+
+def test_latest_events_of_every_job_are_what_each_jobs_own_read_gives(store: Store) -> None:
+    """``latest_events`` (the monitor's finding states, one read per pass)
+    returns for each job what ``events(job=…, kinds, limit)`` does: the
+    newest first, ties in time in the order written, at most ``limit``."""
+    import random
+
+    rng = random.Random(16)
+    kinds = (EventKind.SLOW, EventKind.MISSED, EventKind.SNOOZED)
+    for i in range(120):
+        job = rng.choice(("backup", "report", "vacuum"))
+        kind = rng.choice((*kinds, EventKind.SKIPPED))  # a kind not asked for, too
+        at = T0 + rng.randrange(40)  # ties in time
+        store.record(Event(kind=kind, job=job, at=at, data={"state": "raised", "i": i}))
+    jobs = ["backup", "report", "vacuum", "never-ran"]
+    for limit in (1, 7, 500):
+        found = store.latest_events(jobs, kinds, limit)
+        assert set(found) == set(jobs)
+        for job in jobs:
+            one = store.events(EventQuery(job=job, kinds=kinds, limit=limit))
+            assert [e.data for e in found[job]] == [e.data for e in one], (job, limit)
+        assert found["never-ran"] == []
+        assert all(len(found[job]) <= limit for job in jobs)
+    assert all(len(store.latest_events(jobs[:3], kinds, 1)[job]) == 1 for job in jobs[:3])

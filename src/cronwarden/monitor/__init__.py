@@ -88,6 +88,9 @@ from cronwarden.monitor.stats import (
 from cronwarden.stores.base import EventQuery, Store, abandon_expired
 from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup
 
+STATE_KINDS: tuple[EventKind, ...] = (*FINDING_KINDS, *SNOOZE_KINDS)
+"""The events a job's finding states and snoozes are derived from."""
+
 __all__ = [
     "BAD_OUTCOMES",
     "DEFAULT_RULES",
@@ -438,11 +441,14 @@ class Monitor:
         """The last finding event of each (rule, run id) of ``job``: its state."""
         return self._states(job)[0]
 
-    def _states(self, job: str) -> tuple[dict[tuple[EventKind, str | None], Event], list[Event]]:
-        """The finding states of ``job`` and its snooze events, in one read."""
-        found = self.store.events(
-            EventQuery(job=job, kinds=(*FINDING_KINDS, *SNOOZE_KINDS), limit=self.thresholds.finding_limit)
-        )
+    def _states(
+        self, job: str, read: list[Event] | None = None
+    ) -> tuple[dict[tuple[EventKind, str | None], Event], list[Event]]:
+        """The finding states of ``job`` and its snooze events, in one read
+        (or from ``read``, the job's share of ``_all_states``)."""
+        found = list(read) if read is not None else self.store.events(
+            EventQuery(job=job, kinds=STATE_KINDS, limit=self.thresholds.finding_limit)
+        )  # fmt: skip
         found.sort(key=lambda e: (e.at, e.seq or 0))
         last: dict[tuple[EventKind, str | None], Event] = {}
         snoozes = [e for e in found if e.kind in SNOOZE_KINDS]
@@ -490,13 +496,16 @@ class Monitor:
         if record and stale:  # a store upgraded from a version without rollups: once
             self.store.rebuild_rollups(stale)
             rollups = self._rollups()
-        for name, info in self.known_jobs(opened).items():
+        known = self.known_jobs(opened)
+        # Every job's finding states in one read, not one per job.
+        read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
+        for name, info in known.items():
             stats = self._job_stats(name, info, now, by_job.get(name, []), rollups)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:
                 abandoned.extend(self._abandon_expired(stats, now))
-            states, snoozes = self._states(name)
+            states, snoozes = self._states(name, read.get(name, []))
             snoozed = snooze_at(now, snoozes, stats.rules.maintenance)
             if snoozed is not None:
                 stats = dataclasses.replace(stats, snooze=snoozed)

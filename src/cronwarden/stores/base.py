@@ -129,6 +129,10 @@ class End(NamedTuple):
     detail: str = ""
     replaced_by: str | None = None
     """Outcome replaced: the run that took over."""
+    signal: Mapping[str, object] | None = None
+    """Outcome interrupted by a signal: what is known of it (the signal, its
+    sender, the grace, whether SIGKILL followed), kept as the end event's
+    ``signal``."""
 
 
 class Finished(NamedTuple):
@@ -508,6 +512,19 @@ class Store(abc.ABC):
         :raises StoreUnavailable: the store cannot be reached right now
         :raises StoreError: the store is not usable
         """
+
+    def latest_events(
+        self, jobs: Sequence[str], kinds: Sequence[EventKind], limit: int
+    ) -> dict[str, list[Event]]:
+        """For each of ``jobs``, what ``events(EventQuery(job=job,
+        kinds=kinds, limit=limit))`` returns (newest first), by job. A store
+        that can answers in one read: every pass of the monitor reads every
+        job's finding states. Here: one ``events`` read per job.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return {job: self.events(EventQuery(job=job, kinds=kinds, limit=limit)) for job in jobs}
 
     @abc.abstractmethod
     def lease(self, key: str) -> LeaseInfo | None:

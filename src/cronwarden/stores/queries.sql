@@ -18,6 +18,17 @@ FROM {s}.runs WHERE run_id = %s;
 -- order and the limit.
 SELECT seq, event_id, kind, job, run_id, at, data FROM {s}.events;
 
+-- name: latest_events --
+-- Store.latest_events: each job's latest %s events of some kinds, newest
+-- first, in one read. {kinds} is stores/sql.py's kind IN (...) of sorted
+-- literals, so that SQLite reads its partial index of the finding kinds and
+-- PostgreSQL its (job, kind, at) index, not the events table.
+SELECT seq, event_id, kind, job, run_id, at, data FROM (
+    SELECT seq, event_id, kind, job, run_id, at, data,
+           row_number() OVER (PARTITION BY job ORDER BY at DESC, seq) AS n
+    FROM {s}.events WHERE {kinds}
+) AS latest WHERE n <= %s ORDER BY job, at DESC, seq;
+
 -- name: save_job --
 INSERT INTO {s}.jobs (name, schedule, period, policy, reason, ttl, grace, max_runtime, updated_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)

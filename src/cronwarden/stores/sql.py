@@ -265,6 +265,18 @@ class SqlStore(Store):
     def events(self, query: EventQuery) -> list[Event]:
         return self._events_of(self._fetch(*self._events_sql(query)))
 
+    def latest_events(
+        self, jobs: Sequence[str], kinds: Sequence[EventKind], limit: int
+    ) -> dict[str, list[Event]]:
+        if not kinds:
+            return super().latest_events(jobs, kinds, limit)
+        found: dict[str, list[Event]] = {job: [] for job in jobs}
+        sql = self._shared["latest_events"].replace("{kinds}", _kinds_in(tuple(kinds)))
+        for e in self._events_of(self._fetch(sql, (limit,))):
+            if e.job in found:
+                found[e.job].append(e)
+        return found
+
     def _events_sql(self, query: EventQuery) -> tuple[str, list[Any]]:
         """The statement and arguments of ``events(query)``."""
         # The filters are AND-ed; each one is a column the indexes of

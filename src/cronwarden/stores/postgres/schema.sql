@@ -70,6 +70,10 @@ CREATE INDEX events_job_kind_at ON {s}.events (job, kind, at);
 -- the index's own, as written (stores/sql.py writes sorted literals).
 CREATE INDEX events_trouble ON {s}.events (at)
     WHERE kind IN ('abandoned', 'failed', 'failing', 'grace_too_wide', 'interrupted', 'job_paused', 'job_resumed', 'lease_lost', 'misfired', 'missed', 'overlap', 'paused', 'policy_undecided', 'queue_full', 'replaced', 'sink_failed', 'sink_rejected', 'skipped', 'skips_in_a_row', 'slow', 'snoozed', 'stopped', 'stuck', 'timed_out', 'too_often', 'unsnoozed');
+-- Every job's finding states and snoozes in one read (Store.latest_events):
+-- partial, as above.
+CREATE INDEX events_findings ON {s}.events (job, at)
+    WHERE kind IN ('failing', 'grace_too_wide', 'missed', 'overlap', 'policy_undecided', 'skips_in_a_row', 'slow', 'snoozed', 'stuck', 'too_often', 'unsnoozed');
 
 -- What the store knows of each job's schedule and policy. job(name) reads
 -- one row by the primary key on every `cronwarden run`; save_job upserts it.
