@@ -573,7 +573,8 @@ class InProcess:
     def _fire(self, fire: Fire) -> int:
         """One slot, start to end; the command's exit status (0 when it did
         not start)."""
-        from cronwarden.guard import Guard, Options, describe_refusal
+        from cronwarden.guard import Guard, describe_refusal
+        from cronwarden.preflight import job_options
         from cronwarden.stores.base import Refused
 
         job = fire.job
@@ -598,13 +599,7 @@ class InProcess:
             return 0
         st = job.settings
         try:
-            options = Options(
-                ttl=st.ttl, policy=st.policy, shard=fire.shard, max_runtime=st.max_runtime,
-                max_pending=st.max_pending, replace_grace=st.replace_grace, renew_every=st.renew_every,
-                allow_unpartitioned=st.allow_unpartitioned, slot=fire.slot,
-                every=st.every, schedule=st.schedule, timezone=st.timezone or None, reason=st.reason,
-                grace=st.grace,
-            )  # fmt: skip
+            options = job_options(st, shard=fire.shard, slot=fire.slot)
             guard = Guard(self.warden, job.name, options)
             started = guard.acquire()
         except CronwardenError as e:
