@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import os
 import random
 import statistics
@@ -59,6 +60,7 @@ FULL_JOBS, FULL_HOSTS = 100_000, 1_000
 def host(args: argparse.Namespace) -> None:
     """One host's jobs until ``--until``; prints its measurements as JSON."""
     from cronwarden.clock import SYSTEM_CLOCK
+    from cronwarden.errors import StoreError
     from cronwarden.events import Outcome, new_id
     from cronwarden.lease import Heartbeat, HeartbeatThread, Lease
     from cronwarden.stores import open_store
@@ -90,7 +92,7 @@ def host(args: argparse.Namespace) -> None:
         heapq.heappush(due, (args.start + rng.uniform(0, args.period), seq, f"{name}-job{j}"))
         seq += 1
     acquire_times: list[float] = []
-    runs = refused = 0
+    runs = refused = errors = 0
     pause = threading.Event()
     while True:
         now = time.monotonic()
@@ -101,7 +103,10 @@ def host(args: argparse.Namespace) -> None:
             beat.stop()
             if not beat.believed(SYSTEM_CLOCK.monotonic()):
                 lost.append(lease.key)
-            store.finish(lease, End(outcome=Outcome.SUCCEEDED, at=time.time(), exit_code=0))
+            try:
+                store.finish(lease, End(outcome=Outcome.SUCCEEDED, at=time.time(), exit_code=0))
+            except StoreError:
+                errors += 1  # the next start of the job records the run abandoned
             continue
         if due and due[0][0] <= now:
             at, _, job = heapq.heappop(due)
@@ -110,7 +115,11 @@ def host(args: argparse.Namespace) -> None:
             s = Start(job=job, key=job, run_id=new_id(), host=name, pid=os.getpid(), ttl=args.ttl,
                       at=time.time())  # fmt: skip
             sent = SYSTEM_CLOCK.monotonic()
-            result = store.acquire(s)
+            try:
+                result = store.acquire(s)
+            except StoreError:
+                errors += 1  # a guarded run fails closed: it does not run
+                continue
             took = time.monotonic() - sent
             if window[0] <= sent < window[1]:
                 acquire_times.append(took)
@@ -129,11 +138,14 @@ def host(args: argparse.Namespace) -> None:
         pause.wait(max(0.0, min(nxt - time.monotonic(), 0.5)))
     for _, _, lease, beat in ends:
         beat.stop()
-        store.finish(lease, End(outcome=Outcome.SUCCEEDED, at=time.time(), exit_code=0))
+        try:
+            store.finish(lease, End(outcome=Outcome.SUCCEEDED, at=time.time(), exit_code=0))
+        except StoreError:
+            errors += 1
     thread.close()
     store.close()
     print(json.dumps({"acquire": acquire_times, "renew": renew_times, "runs": runs, "refused": refused,
-                      "lost": lost}))  # fmt: skip
+                      "lost": lost, "errors": errors}))  # fmt: skip
 
 
 # -- the servers -------------------------------------------------------------
@@ -174,6 +186,7 @@ class Servers:
         self.pg = self._pg.__enter__()
         self.redis = RedisServer(base / "redis", port=28897)
         self.redis.start()
+        self.idle: dict[str, float] = {}
         self.pg.max_connections = 400  # two connections per host (its runs, its heartbeat)
         self.pg.stop()
         self.pg.start()
@@ -182,6 +195,15 @@ class Servers:
         import psycopg
 
         return psycopg.connect(self.pg.url(), autocommit=True)
+
+    def measure_idle(self, seconds: float = 10.0) -> None:
+        """Each server's CPU with no host at all (its own timers, its
+        background processes), taken off before the CPU is split."""
+        pause = threading.Event()
+        for store in ("postgres", "redis"):
+            cpu0, t0 = cpu_seconds(self.pids(store)), time.monotonic()
+            pause.wait(seconds)
+            self.idle[store] = (cpu_seconds(self.pids(store)) - cpu0) / (time.monotonic() - t0)
 
     def url(self, store: str, namespace: str) -> str:
         if store == "postgres":
@@ -232,7 +254,7 @@ def measure(servers: Servers, store: str, scale: float, ttl: float, a: argparse.
         from cronwarden.stores import open_store
 
         open_store(url).close()
-    spawn = 0.05 * hosts + 5  # starting interpreters on a loaded box
+    spawn = 0.3 * hosts + 5  # starting interpreters on a loaded box (about 0.3 s of CPU each)
     start = time.monotonic() + spawn
     window_from = start + a.duration
     until = window_from + a.seconds
@@ -256,7 +278,7 @@ def measure(servers: Servers, store: str, scale: float, ttl: float, a: argparse.
     cpu1, t1 = cpu_seconds(servers.pids(store)), time.monotonic()
     acquire: list[float] = []
     renew: list[tuple[float, int]] = []
-    runs = refused = 0
+    runs = refused = errors = 0
     lost: list[str] = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -266,18 +288,41 @@ def measure(servers: Servers, store: str, scale: float, ttl: float, a: argparse.
         acquire += got["acquire"]
         renew += [tuple(x) for x in got["renew"]]
         runs, refused, lost = runs + got["runs"], refused + got["refused"], lost + got["lost"]
+        errors += got["errors"]
     seconds = t1 - t0
     renewals = sum(n for _, n in renew)
     return {
         "store": store, "scale": scale, "hosts": hosts, "jobs": hosts * a.jobs_per_host, "ttl": ttl,
         "runs_s": runs / seconds, "renewals_s": renewals / seconds,
-        "needed_renewals_s": hosts * a.jobs_per_host * (a.duration / a.period) / (ttl / 3),
+        # A run renews every ttl/3 while it runs: that many times per run.
+        "needed_renewals_s": hosts * a.jobs_per_host / a.period * math.floor(a.duration / (ttl / 3)),
         "cpu": (cpu1 - cpu0) / seconds, "connections": max(conns) if conns else 0,
         "acquire_p50": pct(acquire, 0.5), "acquire_p99": pct(acquire, 0.99),
         "renew_p50": pct([t for t, _ in renew], 0.5), "renew_p99": pct([t for t, _ in renew], 0.99),
         "batch": statistics.mean([n for _, n in renew]) if renew else 0.0,
-        "lost": len(lost), "refused": refused,
+        "lost": len(lost), "refused": refused, "errors": errors, "idle_cpu": servers.idle[store],
     }  # fmt: skip
+
+
+def cpu_split(rows: list[dict[str, Any]]) -> list[str]:
+    """Per store and scale, the server CPU above idle as ``a`` per run plus
+    ``b`` per renewal, from the lowest and highest ttl measured: the runs
+    per second are the same, the renewals differ."""
+    out = []
+    for store, scale in sorted({(r["store"], r["scale"]) for r in rows}):
+        mine = [r for r in rows if r["store"] == store and r["scale"] == scale]
+        pair = sorted(mine, key=lambda r: r["ttl"])
+        if len(pair) < 2:
+            continue
+        x, y = ({**r, "cpu": r["cpu"] - r["idle_cpu"]} for r in (pair[0], pair[-1]))
+        det = x["runs_s"] * y["renewals_s"] - y["runs_s"] * x["renewals_s"]
+        if det == 0:
+            continue
+        per_run = (x["cpu"] * y["renewals_s"] - y["cpu"] * x["renewals_s"]) / det
+        per_renewal = (x["runs_s"] * y["cpu"] - y["runs_s"] * x["cpu"]) / det
+        out.append(f"  {store:8} scale {scale:g}: {per_run * 1e6:7.1f} µs per run, "
+                   f"{per_renewal * 1e6:6.1f} µs per renewal")  # fmt: skip
+    return out
 
 
 def main() -> int:
@@ -315,6 +360,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="cw-bench-fleet-") as tmp:
         servers = Servers(Path(tmp))
         try:
+            servers.measure_idle()
+            print(f"idle server CPU: {servers.idle}", flush=True)
             for scale in scales:
                 for store in a.stores.split(","):
                     for ttl in ttls:
@@ -324,27 +371,16 @@ def main() -> int:
         finally:
             servers.close()
     print("\nstore     jobs   hosts  ttl  runs/s  renewals/s (needed)  server CPU  conns  "
-          "acquire p50/p99 ms  renew p50/p99 ms  batch  lost")  # fmt: skip
+          "acquire p50/p99 ms  renew p50/p99 ms  batch  lost  errors")  # fmt: skip
     for r in rows:
         print(f"{r['store']:8} {r['jobs']:6} {r['hosts']:6} {r['ttl']:4g} {r['runs_s']:7.1f} "
               f"{r['renewals_s']:9.0f} ({r['needed_renewals_s']:6.0f}) {r['cpu']:9.3f}  {r['connections']:5} "
               f"{r['acquire_p50'] * 1e3:8.2f}/{r['acquire_p99'] * 1e3:7.2f} "
               f"{r['renew_p50'] * 1e3:7.2f}/{r['renew_p99'] * 1e3:7.2f} "
-              f"{r['batch']:6.1f} {r['lost']:5}")  # fmt: skip
-    print("\nserver CPU split (two ttls, same scale): core-seconds per run and per renewal")
-    for scale in scales:
-        for store in a.stores.split(","):
-            pair = [r for r in rows if r["store"] == store and r["scale"] == scale]
-            if len(pair) < 2:
-                continue
-            x, y = pair[0], pair[-1]
-            det = x["runs_s"] * y["renewals_s"] - y["runs_s"] * x["renewals_s"]
-            if det == 0:
-                continue
-            per_run = (x["cpu"] * y["renewals_s"] - y["cpu"] * x["renewals_s"]) / det
-            per_renewal = (x["runs_s"] * y["cpu"] - y["runs_s"] * x["cpu"]) / det
-            print(f"  {store:8} scale {scale:g}: {per_run * 1e6:7.1f} µs per run, "
-                  f"{per_renewal * 1e6:6.1f} µs per renewal")  # fmt: skip
+              f"{r['batch']:6.1f} {r['lost']:5} {r['errors']:6}")  # fmt: skip
+    print("\nserver CPU above idle, split (two ttls, same scale): per run and per renewal")
+    for line in cpu_split(rows):
+        print(line)
     print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -70,60 +70,83 @@ def take(store: Store, n: int) -> list[Lease]:
     return leases
 
 
-def report(name: str, n: int, one: float, rtt: float, many: float, server: float, floor: float) -> None:
+def interleaved(candidates: dict[str, tuple[Callable[[], object], int]], rounds: int) -> dict[str, float]:
+    """Each round runs every candidate (``repeat`` times, timed one by one),
+    so a wave of load on the shared machine hits all of them alike; the
+    result is the median over rounds of each one's median in the round."""
+    per: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, (fn, repeat) in candidates.items():
+            per[name].append(median_time(fn, repeat))
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
+def report(name: str, n: int, m: dict[str, float], extra: list[tuple[str, float]]) -> None:
+    one, rtt, many, server, floor = m["one"], m["rtt"], m["many"], m["server"], m["floor"]
     client = many - server - rtt
-    print(f"\n{name}: renew_many of {n} due leases")
-    print(f"  renew (1 lease)          {one * 1e3:8.3f} ms")
-    print(f"  round trip (floor call)  {rtt * 1e3:8.3f} ms")
-    print(f"  renew_many ({n})       {many * 1e3:8.3f} ms   {many / one:5.1f}x one renew (target <= 5x)")
-    print(f"    server                 {server * 1e3:8.3f} ms   {server / n * 1e6:5.2f} µs per lease")
-    print(f"    client + transfer      {client * 1e3:8.3f} ms   {client / n * 1e6:5.2f} µs per lease")
-    print(f"  floor: bare extend of {n} {floor * 1e3:8.3f} ms   {floor / one:5.1f}x one renew")
-    print(f"  5x one renew = {5 * one * 1e3:.3f} ms = {5 * one / n * 1e6:.2f} µs per lease for everything")
+    print(f"\n{name}: renew_many of {n} due leases (medians of interleaved rounds)")
+    print(f"  renew (1 lease)             {one * 1e3:8.3f} ms")
+    print(f"  round trip (cheapest call)  {rtt * 1e3:8.3f} ms")
+    print(f"  renew_many ({n})          {many * 1e3:8.3f} ms  {many / one:6.1f}x one renew (target <= 5x)")
+    print(f"    server                    {server * 1e3:8.3f} ms  {server / n * 1e6:6.2f} µs per lease")
+    print(f"    client + transfer         {client * 1e3:8.3f} ms  {client / n * 1e6:6.2f} µs per lease")
+    print(f"  floor: bare extend of {n}  {floor * 1e3:8.3f} ms  {floor / one:6.1f}x one renew")
+    for label, value in extra:
+        print(f"  {label:<27} {value * 1e3:8.3f} ms  {value / one:6.1f}x one renew")
+    print(f"  5x one renew = {5 * one * 1e3:.3f} ms: {5 * one / n * 1e6:.2f} µs per lease for everything")
 
 
-def postgres(n: int, repeat: int) -> None:
+def postgres(n: int, rounds: int) -> None:
     import psycopg
 
     schema = f"cw_bench_{uuid.uuid4().hex[:10]}"
     url = f"{POSTGRES}{'&' if '?' in POSTGRES else '?'}schema={schema}"
     try:
-        with open_store(url) as store:
+        with open_store(url) as store, psycopg.connect(POSTGRES, autocommit=True) as conn:
             leases = take(store, n)
-            one = median_time(lambda: store.renew(leases[0]), repeat * 10)
-            many = median_time(lambda: store.renew_many(leases), repeat)
             sql = (ROOT / "src/cronwarden/stores/postgres/queries.sql").read_text()
             statement = sql.split("-- name: renew_many --", 1)[1].split("-- name:", 1)[0]
-            statement = statement.replace("{s}", f'"{schema}"')
+            lines = [x for x in statement.splitlines() if not x.lstrip().startswith("--")]
+            statement = "\n".join(lines).replace("{s}", f'"{schema}"')
+            # The same statement with its arrays sent as text, as before.
+            as_text = statement.replace(")b::", ")s::")
             args = {
                 "keys": [x.key for x in leases],
                 "owners": [x.run_id for x in leases],
                 "ttls": [float(x.ttl) for x in leases],
             }
-            with psycopg.connect(POSTGRES, autocommit=True) as conn:
-                rtt = median_time(lambda: conn.execute("SELECT 1").fetchone(), repeat * 10)
-                servers = []
-                for _ in range(repeat):
-                    plan = conn.execute(
-                        "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, args, prepare=False
-                    ).fetchone()
-                    assert plan is not None
-                    top = (plan[0] if isinstance(plan[0], list) else json.loads(plan[0]))[0]
-                    servers.append((top["Planning Time"] + top["Execution Time"]) / 1000)
-                server = statistics.median(servers)
-                keys = args["keys"]
-                bare = (
-                    f'UPDATE "{schema}".leases SET expires = clock_timestamp() + make_interval(secs => 60) '
-                    "WHERE key = ANY(%s::text[])"
-                )
-                floor = median_time(lambda: conn.execute(bare, (keys,), prepare=False), repeat)
-            report("postgres", n, one, rtt, many, server, floor)
+            bare = (
+                f'UPDATE "{schema}".leases SET expires = clock_timestamp() + make_interval(secs => 60) '
+                "WHERE key = ANY(%(keys)b::text[])"
+            )
+            server_times: list[float] = []
+
+            def explained() -> None:
+                plan = conn.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + statement, args,
+                                    prepare=False).fetchone()  # fmt: skip
+                assert plan is not None
+                top = (plan[0] if isinstance(plan[0], list) else json.loads(plan[0]))[0]
+                server_times.append((top["Planning Time"] + top["Execution Time"]) / 1000)
+
+            m = interleaved(
+                {
+                    "one": (lambda: store.renew(leases[0]), 10),
+                    "rtt": (lambda: conn.execute("SELECT 1").fetchone(), 10),
+                    "many": (lambda: store.renew_many(leases), 1),
+                    "text": (lambda: conn.execute(as_text, args, prepare=False).fetchall(), 1),
+                    "server": (explained, 1),
+                    "floor": (lambda: conn.execute(bare, {"keys": args["keys"]}, prepare=False), 1),
+                },
+                rounds,
+            )
+            m["server"] = statistics.median(server_times)
+            report("postgres", n, m, [("the statement, text arrays", m["text"])])
     finally:
         with psycopg.connect(POSTGRES, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def redis_store(n: int, repeat: int) -> None:
+def redis_store(n: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory(prefix="cw-bench-renew-") as tmp:
         server = RedisServer(Path(tmp), port=28899)
         server.start()
@@ -131,19 +154,33 @@ def redis_store(n: int, repeat: int) -> None:
             admin = server.admin()
             with open_store(server.url(prefix="cw-bench:")) as store:
                 leases = take(store, n)
-                one = median_time(lambda: store.renew(leases[0]), repeat * 10)
-                admin.config_resetstat()  # a private server: its counters are ours
-                many = median_time(lambda: store.renew_many(leases), repeat)
-                stats = admin.info("commandstats")["cmdstat_evalsha"]
-                server_time = stats["usec_per_call"] / 1e6
-                rtt = median_time(admin.ping, repeat * 10)
                 bare = admin.register_script(
                     "for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end return #KEYS"
                 )
                 live = [f"cw-bench:live:{x.key}" for x in leases]
-                floor = median_time(lambda: bare(keys=live, args=[60_000]), repeat)
+                server_times: list[float] = []
+
+                def usec() -> int:
+                    return int(admin.info("commandstats")["cmdstat_evalsha"]["usec"])
+
+                def timed_on_server() -> None:
+                    before = usec()  # a private server: every EVALSHA on it is ours
+                    store.renew_many(leases)
+                    server_times.append((usec() - before) / 1e6)
+
+                m = interleaved(
+                    {
+                        "one": (lambda: store.renew(leases[0]), 10),
+                        "rtt": (admin.ping, 10),
+                        "many": (lambda: store.renew_many(leases), 1),
+                        "server": (timed_on_server, 1),
+                        "floor": (lambda: bare(keys=live, args=[60_000]), 1),
+                    },
+                    rounds,
+                )
+                m["server"] = statistics.median(server_times)
             admin.close()
-            report("redis", n, one, rtt, many, server_time, floor)
+            report("redis", n, m, [])
         finally:
             server.stop()
 
@@ -154,10 +191,10 @@ def main() -> int:
     ap.add_argument("--leases", type=int, default=1000)
     ap.add_argument("--stores", default="postgres,redis")
     args = ap.parse_args()
-    repeat = 10 if args.quick else 50
+    rounds = 10 if args.quick else 50
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for name in args.stores.split(","):
-        {"postgres": postgres, "redis": redis_store}[name](args.leases, repeat)
+        {"postgres": postgres, "redis": redis_store}[name](args.leases, rounds)
     print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
     return 0
 

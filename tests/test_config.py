@@ -428,6 +428,19 @@ def test_run_records_the_job_in_the_store_only_when_it_changed(store_url: str, t
     assert changed.updated_at > first.updated_at
 
 
+def test_a_configured_job_is_recorded_even_with_every_default(store_url: str, tmp_path: Path) -> None:
+    # The config file names it, so audit and the monitor should know it,
+    # although nothing in its table differs from the defaults.
+    write(tmp_path / "cronwarden.toml", "[jobs.plain]\n")
+    for _ in range(2):
+        done = cronwarden("run", "--store", store_url, "--job", "plain", "--", "true", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    with open_store(store_url) as store:
+        (job,) = store.jobs()
+        assert (job.name, job.schedule, job.policy, job.ttl) == ("plain", None, "skip", 60.0)
+        assert len(ledger(store, job="plain", kinds=[EventKind.SUCCEEDED])) == 2
+
+
 def test_a_bare_run_records_no_job_and_reads_no_config(store_url: str, tmp_path: Path) -> None:
     done = cronwarden("run", "--store", store_url, "--job", "bare", "--", "true", cwd=tmp_path)
 

@@ -139,15 +139,45 @@ class NotStarted(CronwardenError):
 class Interrupted(CronwardenError):
     """The run's process was told to stop by a signal (SIGTERM from a pod
     shutdown or ``systemctl stop``, SIGINT from Ctrl-C, SIGHUP): the run ends
-    ``interrupted``, not ``failed``. ``exit_code`` is the shell's 128+N."""
+    ``interrupted``, not ``failed``. ``exit_code`` is the shell's 128+N.
 
-    def __init__(self, signum: int, detail: str = "") -> None:
+    What is known of the stop goes on the run's end event as ``signal``
+    (``fields``): the sender's pid and process name when the kernel said who
+    sent it (never for a sender outside this process's pid namespace, as a
+    container runtime stopping PID 1 is), the kill grace the command was
+    given, how long it took to exit, and whether it had to be SIGKILLed."""
+
+    def __init__(self, signum: int, detail: str = "", *, sender_pid: int | None = None,
+                 sender: str | None = None, grace: float | None = None, waited: float | None = None,
+                 sigkill: bool | None = None) -> None:  # fmt: skip
         import signal
 
         self.signum = signum
         self.signal = signal.Signals(signum).name
         self.exit_code = 128 + signum
-        super().__init__(f"{self.signal} to the supervisor" + (f"; {detail}" if detail else ""))
+        self.sender_pid = sender_pid
+        self.sender = sender
+        self.grace = grace
+        self.waited = waited
+        self.sigkill = sigkill
+        by = ""
+        if sender_pid is not None:
+            by = f" from pid {sender_pid}" + (f" ({sender})" if sender else "")
+        super().__init__(f"{self.signal}{by} to the supervisor" + (f"; {detail}" if detail else ""))
+
+    def fields(self) -> dict[str, object]:
+        """The stop as the end event's ``signal`` records it: what is not
+        known is left out, never guessed."""
+        found: dict[str, object] = {"name": self.signal, "sender_pid": self.sender_pid}
+        if self.sender:
+            found["sender"] = self.sender
+        if self.grace is not None:
+            found["grace"] = round(self.grace, 3)
+        if self.waited is not None:
+            found["waited"] = round(self.waited, 3)
+        if self.sigkill is not None:
+            found["sigkill"] = self.sigkill
+        return found
 
 
 class Fenced(CronwardenError):

@@ -560,7 +560,8 @@ class Guard:
         if interrupted is not None:
             return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=interrupted[:500])
         if isinstance(error, Interrupted):
-            return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=str(error)[:500])
+            return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=str(error)[:500],
+                       signal=error.fields())  # fmt: skip
         if isinstance(error, KeyboardInterrupt):  # Ctrl-C in a with block or a decorated function
             detail = "SIGINT (KeyboardInterrupt)"
             return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=detail)

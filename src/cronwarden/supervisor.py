@@ -16,6 +16,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -81,6 +82,8 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
     signal.signal(PARENT_DIED, supervisor_died)
     for s in (*FORWARDED, signal.SIGTTOU):  # the supervisor signals the command's group itself
         signal.signal(s, signal.SIG_IGN)
+    # The supervisor may block them (SignalRelay): the command must get them.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     prctl(PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.getppid() != parent:  # the supervisor died before prctl took effect
@@ -345,6 +348,15 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class Sender(NamedTuple):
+    """Who sent a signal, as the kernel tells ``sigwaitinfo``."""
+
+    pid: int
+    name: str | None
+    """The sender's process name (``/proc/PID/comm``) when it was read, if
+    the sender was still there to read."""
+
+
 class SignalRelay:
     """SIGTERM, SIGINT and SIGHUP for the whole life of a guarded run.
 
@@ -355,6 +367,13 @@ class SignalRelay:
     The supervisor gives the command its kill grace to exit, then SIGKILLs
     its group, and the run is recorded ``interrupted``.
 
+    Who sent the signal: a Python signal handler is not told, so when the
+    relay is entered in a process with no other thread yet, the signals are
+    blocked (in every thread started after) and one thread takes them with
+    ``sigwaitinfo``, which carries the sender's pid. In a process that
+    already has threads a signal could reach one of them; there the plain
+    handlers take the signals and the sender stays unknown.
+
     As PID 1 (a container's entrypoint) it also reaps the zombies the
     kernel hands it: processes orphaned in the container outside the
     command's tree (the keeper reaps those inside it).
@@ -364,30 +383,110 @@ class SignalRelay:
         self.signalled: int | None = None
         """The last such signal received, if any: someone asked this run to
         stop, so no queued run may follow it."""
+        self.first: tuple[int, Sender | None] | None = None
+        """The first such signal, which asked for the stop, and who sent it
+        when the kernel said (see the class): what the run records."""
         self.child: Child | None = None
         self.wake: Callable[[], None] | None = None
         """Called after a signal, to wake the supervisor's wait."""
         self._previous: dict[int, Any] = {}
+        self._waiter: threading.Thread | None = None
+        self._closed = False
+        self._late: list[int] = []
+        """Signals the waiter took after ``close`` began, raised again after."""
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        self._received(signum, None)
+
+    def _received(self, signum: int, sender: Sender | None) -> None:
+        # signalled before child: a command started meanwhile sees it (execute).
+        if self.first is None:
+            self.first = (signum, sender)
         self.signalled = signum
         if self.child is not None:
             self.child.signal(signum)
         if self.wake is not None:
             self.wake()
 
-    def _on_child(self, _signum: int, _frame: object) -> None:
-        reap_orphans(None if self.child is None else self.child.pid)
+    def _take_signals(self) -> None:
+        """The waiter thread: each forwarded signal with its sender, until
+        ``close`` wakes it with a signal of its own."""
+        while True:
+            info = signal.sigwaitinfo(FORWARDED)
+            if self._closed:
+                if info.si_pid == os.getpid():  # close's wake-up: no other process has our pid
+                    return
+                self._late.append(info.si_signo)  # for the handlers close restored
+                continue
+            # The kernel names a sender that used kill/sigqueue (si_code <=
+            # 0); a signal it raised itself (a terminal hang-up) or one from
+            # outside this pid namespace has pid 0: unknown.
+            pid = info.si_pid if info.si_code <= 0 and info.si_pid > 0 else None
+            self._received(info.si_signo, None if pid is None else Sender(pid, _process_name(pid)))
 
     def __enter__(self) -> SignalRelay:
         self._previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
         if os.getpid() == 1:
             self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._on_child)
+        if threading.active_count() == 1:
+            signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+            self._waiter = threading.Thread(target=self._take_signals, name="cronwarden-signals", daemon=True)
+            self._waiter.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _on_child(self, _signum: int, _frame: object) -> None:
+        reap_orphans(None if self.child is None else self.child.pid)
+
+    def interrupted(self, detail: str, **how: Any) -> Interrupted:
+        """The ``Interrupted`` of the first signal received, with its sender."""
+        signum, sender = self._first()
+        return Interrupted(signum, detail, sender_pid=None if sender is None else sender.pid,
+                           sender=None if sender is None else sender.name, **how)  # fmt: skip
+
+    def describe(self) -> str:
+        """The first signal and its sender, as a line says it."""
+        signum, sender = self._first()
+        name = signal.Signals(signum).name
+        if sender is None:
+            return name
+        return f"{name} from pid {sender.pid}" + (f" ({sender.name})" if sender.name else "")
+
+    def _first(self) -> tuple[int, Sender | None]:
+        if self.first is not None:
+            return self.first
+        # Set from outside (the scheduler passes its own signal on): no sender.
+        assert self.signalled is not None
+        return self.signalled, None
+
+    def close(self) -> None:
+        """Give the signals back: the previous handlers, and the mask as it
+        was (a signal that came meanwhile goes to the restored handler)."""
+        if self._closed:
+            return
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        self._closed = True
+        if self._waiter is not None:
+            assert self._waiter.ident is not None
+            signal.pthread_kill(self._waiter.ident, signal.SIGHUP)  # wakes it: it returns
+            self._waiter.join(timeout=5)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+            for signum in self._late:
+                signal.raise_signal(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _process_name(pid: int) -> str | None:
+    """``/proc/PID/comm``, read as soon as the signal is taken: the sender
+    may be gone (or its pid reused) by the time anyone asks."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            name = f.read().decode(errors="replace").strip()
+    except OSError:
+        return None
+    return name if name.isprintable() else repr(name)
 
 
 def reap_orphans(keeper: int | None) -> list[int]:
@@ -502,7 +601,7 @@ class Supervisor:
             if signalled is None and self.relay.signalled is not None:
                 signalled = self.relay.signalled  # the handler has passed it to the command's group
                 kill_at = now + self.kill_grace
-                print(f"cronwarden: {signal.Signals(signalled).name} received; stopping {self.run.job} run "
+                print(f"cronwarden: {self.relay.describe()} received; stopping {self.run.job} run "
                       f"{self.run.run_id} (SIGKILL after {self.kill_grace:g}s)", file=sys.stderr)  # fmt: skip
             if kill_at is not None and not killed and now >= kill_at:
                 child.signal(signal.SIGKILL)
@@ -533,14 +632,15 @@ class Supervisor:
         code = exit_status(child.poll() or 0)
         # The handler passes the signal on at once: the command may have died
         # of it before this loop looked at the relay again.
-        signalled = signalled or self.relay.signalled
-        if signalled is None:
+        if self.relay.signalled is None:
             return Exit(code)
+        waited = 0.0 if kill_at is None else max(0.0, clock.monotonic() - (kill_at - self.kill_grace))
         if killed:
             how = f"the command was killed after its {self.kill_grace:g}s grace"
         else:
-            how = f"the command stopped with exit status {code}"
-        return Exit(code, interrupted=Interrupted(signalled, how))
+            how = f"the command stopped with exit status {code} within its {self.kill_grace:g}s grace"
+        return Exit(code, interrupted=self.relay.interrupted(how, grace=self.kill_grace, waited=waited,
+                                                             sigkill=killed))  # fmt: skip
 
     def _stop(self, why: LeaseLost) -> Exit:
         """SIGTERM to the group, SIGKILL after the grace, reap."""

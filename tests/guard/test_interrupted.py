@@ -4,6 +4,7 @@ PID 1 of a PID namespace (a container) it also reaps orphaned zombies."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -72,6 +73,16 @@ def test_sigterm_to_pid_1_stops_the_command_and_records_interrupted(tmp_path: Pa
         assert run.exit_code == 0 and "SIGTERM" in run.detail
         (end,) = ledger(store, kinds=[EventKind.INTERRUPTED])
         assert end.run_id == run.run_id and "SIGTERM" in end.data["detail"]
+        # Sent from outside its pid namespace, as a container runtime does:
+        # the kernel names no sender, and none is guessed.
+        said = end.data["signal"]
+        assert (said["name"], said["sender_pid"], said["grace"], said["sigkill"]) == (
+            "SIGTERM",
+            None,
+            10.0,
+            False,
+        )
+        assert "sender" not in said and "from pid" not in run.detail
         assert not ledger(store, kinds=[EventKind.FAILED])
         info = store.lease("pod")
         assert info is not None and info.owner is None
@@ -96,6 +107,10 @@ def test_a_command_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) ->
         assert run.outcome is Outcome.INTERRUPTED
         assert run.exit_code == 128 + signal.SIGKILL
         assert "killed after its 1s grace" in run.detail
+        (end,) = ledger(store, kinds=[EventKind.INTERRUPTED])
+        said = end.data["signal"]
+        assert (said["name"], said["grace"], said["sigkill"]) == ("SIGTERM", 1.0, True)
+        assert 1.0 <= said["waited"] < took
 
 
 def test_pid_1_reaps_orphans_reparented_to_it(tmp_path: Path) -> None:
@@ -127,6 +142,36 @@ def test_pid_1_reaps_orphans_reparented_to_it(tmp_path: Path) -> None:
         os.kill(init, signal.SIGTERM)
         p.communicate(timeout=30)
     assert p.returncode == 143
+
+
+def test_the_end_names_the_signal_and_who_sent_it(store_url: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    p = cli("run", "--job", "stopped", "--store", store_url, "--", "sh", "-c",
+            f"echo $$ > {pidfile}; exec sleep 30")  # fmt: skip
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child pid")
+    os.kill(p.pid, signal.SIGTERM)  # from this process: the kernel tells cronwarden our pid
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 143, err
+    me = Path("/proc/self/comm").read_text().strip()
+    assert f"SIGTERM from pid {os.getpid()} ({me}) received" in err
+    with open_store(store_url) as store:
+        (run,) = store.runs("stopped")
+        assert run.outcome is Outcome.INTERRUPTED
+        assert run.detail.startswith(f"SIGTERM from pid {os.getpid()} ({me}) to the supervisor")
+        (end,) = ledger(store, kinds=[EventKind.INTERRUPTED])
+        said = end.data["signal"]
+        assert (said["name"], said["sender_pid"], said["sender"]) == ("SIGTERM", os.getpid(), me)
+        assert (said["grace"], said["sigkill"]) == (10.0, False) and 0 <= said["waited"] < 10
+        assert_one_terminal_per_start(store)
+    # history shows it: the note in its table, the fields in --json.
+    shown = subprocess.run([*CW, "history", "stopped", "--store", store_url], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert f"SIGTERM from pid {os.getpid()} ({me})" in shown.stdout
+    listed = subprocess.run([*CW, "history", "stopped", "--json", "--store", store_url], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    (item,) = json.loads(listed.stdout)
+    assert item["signal"] == said
 
 
 def test_sigint_records_interrupted_and_exits_130(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def duration(what: str, *, allow_zero: bool = False) -> Callable[[str], float]:
 STORE_FLAG: dict[str, Any] = {
     "metavar": "URL",
     "help": "sqlite:///PATH (default: $CRONWARDEN_STORE or ~/.local/state/cronwarden/cronwarden.db), "
-    "postgresql://…, redis://…",
+    "postgresql://…, redis://… or redis+sentinel://…",
 }
 
 

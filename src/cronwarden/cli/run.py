@@ -9,10 +9,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.cli.args import STORE_FLAG, add_flags, duration
-from cronwarden.config import DEFAULT_TTL, ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
+from cronwarden.config import ENV_SCHEDULER_STORE, ENV_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.durations import format_duration
-from cronwarden.errors import Interrupted, StoreError, StoreUnavailable, UsageError
-from cronwarden.events import Event, JobInfo, Outcome
+from cronwarden.errors import StoreError, StoreUnavailable, UsageError
+from cronwarden.events import Event, Outcome
 from cronwarden.guard import Guard, Options, Run, Warden, describe_refusal
 from cronwarden.policy import Policy
 from cronwarden.preflight import MIN_TTL, job_options
@@ -90,32 +90,6 @@ def _check_partition(settings: JobSettings, shard: str | None, config_path: str 
     if settings.allow_unpartitioned and not settings.reason:
         raise UsageError("--allow-unpartitioned needs --reason 'one sentence on why overlapping runs are "
                          "safe' (or reason = \"…\" in the job's config)")  # fmt: skip
-
-
-def _job_info(settings: JobSettings, schedule: Schedule | None, now: float) -> JobInfo | None:
-    """What the monitor should know about this job, or None when the run says
-    nothing beyond the defaults (a bare ``cronwarden run --job x``): then the
-    store is not asked at all."""
-    said = (
-        settings.in_file or schedule is not None or settings.reason or settings.policy is not Policy.SKIP
-        or settings.grace is not None or settings.max_runtime is not None or settings.ttl != DEFAULT_TTL
-    )  # fmt: skip
-    if not said:
-        return None
-    return JobInfo(
-        name=settings.name, schedule=settings.schedule_text(),
-        period=None if schedule is None else schedule.period(now), policy=settings.policy.value,
-        reason=settings.reason, ttl=settings.ttl, grace=settings.grace, max_runtime=settings.max_runtime,
-        updated_at=now,
-    )  # fmt: skip
-
-
-def _sync_job(store: Store, info: JobInfo) -> None:
-    """Save the job's settings only when they changed: one read per run with
-    a schedule or config, a write only after an edit."""
-    known = store.job(info.name)
-    if known is None or known._replace(updated_at=info.updated_at) != info:
-        store.save_job(info)
 
 
 EXIT_LEASE_LOST = 3
@@ -280,7 +254,6 @@ def main(args: Any) -> int:
     slot = args.slot if args.slot is not None else None if schedule is None else schedule.slot(now)
     options = job_options(settings, shard=args.shard, slot=slot)
     resolve_command(command[0])
-    info = _job_info(settings, schedule, now)
     from cronwarden.supervisor import SignalRelay
 
     # From before the lease is taken until its end is recorded, a SIGTERM,
@@ -297,8 +270,11 @@ def main(args: Any) -> int:
         try:
             warden = Warden(url, quiet=args.quiet)
             guard = Guard(warden, args.job, options)
-            if info is not None:
-                _sync_job(warden.store, info)
+            if settings.in_file and not options.declares():
+                # A job of the config file is known to audit and the monitor
+                # even when it says nothing beyond the defaults; otherwise
+                # the guard declares what the options say as it acquires.
+                warden.declare(args.job, options)
             # A paused job's start does not run (cronwarden pause): one read.
             pause = warden.store.pause_state(args.job)
             started: Run | Refused | Event = guard.acquire() if pause is None else pause
@@ -308,6 +284,7 @@ def main(args: Any) -> int:
                       "to run unguarded)", file=sys.stderr)  # fmt: skip
                 return EXIT_STORE
             print(f"cronwarden: {e}; running {args.job} UNGUARDED (--on-store-error=run)", file=sys.stderr)
+            relay.close()  # the command gets the signals as they were, and so does cronwarden
             return _unguarded(command)
         try:
             if isinstance(started, Event):
@@ -408,8 +385,9 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
     while run is not None:
         if relay.signalled is not None:
             # Asked to stop before this run's command started: it never runs.
-            guard.end(run, Interrupted(relay.signalled, "before the command started"))
-            return 128 + int(relay.signalled)
+            stop = relay.interrupted("before the command started")
+            guard.end(run, stop)
+            return stop.exit_code
         env = {
             **base_env,
             "CRONWARDEN_RUN_ID": run.run_id,

@@ -112,14 +112,14 @@ class _Flusher:
         self._thread.join(timeout)
 
 
-def _reload(sched: Any, path: str, store_in_file: str | None, store: Any,
+def _reload(sched: Any, path: str, store_in_file: str | None, warden: Any,
             say: Any) -> None:  # fmt: skip
     """SIGHUP: read the config file again and fire its jobs from now on
     (``Scheduler.reload``). A file that does not load, or has no job with a
     command, changes nothing: one line says why and the old jobs go on."""
-    from cronwarden.cli.run import _job_info, _schedule, _sync_job
     from cronwarden.config import load
     from cronwarden.errors import CronwardenError
+    from cronwarden.preflight import job_options
     from cronwarden.scheduler import ScheduledJob
 
     head = f"cronwarden scheduler {sched.instance}: SIGHUP: reload of {path}"
@@ -135,13 +135,12 @@ def _reload(sched: Any, path: str, store_in_file: str | None, store: Any,
         return
     added, removed, changed = sched.reload(jobs)
     for job in jobs:
-        if job.name in added or job.name in changed:
-            info = _job_info(job.settings, _schedule(job.settings), sched.clock.wall())
-            if info is not None and not job.settings.detach:
-                try:
-                    _sync_job(store, info)
-                except CronwardenError as e:
-                    say(f"{head}: {job.name}: its settings not saved for the monitor: {e}")
+        if (job.name in added or job.name in changed) and not job.settings.detach:
+            try:
+                # Through the warden the fires guard with, as at start.
+                warden.declare(job.name, job_options(job.settings))
+            except CronwardenError as e:
+                say(f"{head}: {job.name}: its settings not saved for the monitor: {e}")
     said = "; ".join(f"{what} {', '.join(names)}" for what, names in
                      (("added", added), ("removed", removed), ("changed", changed)) if names)  # fmt: skip
     kept = "" if config.store in (None, store_in_file) else "; its store is read at start only: not changed"
@@ -156,10 +155,11 @@ def _concurrency(text: str) -> int:
 
 def main(args: Any) -> int:
     from cronwarden.cli.args import store_url
-    from cronwarden.cli.run import _job_info, _schedule, _sync_job, resolve_command
+    from cronwarden.cli.run import resolve_command
     from cronwarden.config import find, load
     from cronwarden.errors import mask_password
     from cronwarden.guard import Warden
+    from cronwarden.preflight import job_options
     from cronwarden.scheduler import InProcess, Launchers, RunLauncher, ScheduledJob, Scheduler, Wakeup
     from cronwarden.stores import open_store
 
@@ -227,6 +227,10 @@ def main(args: Any) -> int:
     sched = Scheduler(store, jobs, launch, misfire_grace=args.misfire_grace, keep=args.keep, say=say,
                       **kwargs)  # fmt: skip
     in_process.instance = sched.owner
+    # In-process fires claim their slot as they start (see claim_at_start);
+    # a detached one is claimed when due, as its child starts at once.
+    in_process.claim = sched.claim_at_start
+    sched.claims_at_start = lambda job: not job.settings.detach
     unscheduled = [j.name for j in config.jobs if not j.command]
     listed = ", ".join(f"{j.name} ({j.schedule.text})" for j in jobs)
     if unscheduled:
@@ -238,11 +242,12 @@ def main(args: Any) -> int:
         # maybe a day away. Forgotten like any claim.
         store.claim_slot(jobs[0].name, -1.0, sched.owner, args.keep)
         for job in jobs:
-            # What cronwarden run saves for the monitor (schedule, policy, …),
-            # once at start rather than at every fire.
-            info = _job_info(job.settings, _schedule(job.settings), sched.clock.wall())
-            if info is not None and not job.settings.detach:
-                _sync_job(store, info)
+            # What each job declares (schedule, policy, …), saved for the
+            # monitor once at start through the warden its fires guard with,
+            # so a fire's own declaration finds it done. A detached job's
+            # `cronwarden run` declares it itself.
+            if not job.settings.detach:
+                warden.declare(job.name, job_options(job.settings))
         say(
             f"cronwarden scheduler {sched.instance}: {len(jobs)} job(s) from {path} "
             f"on {mask_password(url)}: {listed}"
@@ -252,8 +257,15 @@ def main(args: Any) -> int:
         def between() -> None:
             if reloads:
                 reloads.clear()
-                _reload(sched, path, config.store, store, say)
+                _reload(sched, path, config.store, warden, say)
 
+        # Every in-process fire forks this process (the run's keeper): the
+        # objects made so far (the jobs, the imports) move out of the
+        # collector's reach, so a collection in a keeper does not write to,
+        # and copy, every page of them.
+        import gc
+
+        gc.freeze()
         sched.serve(wakeup.sleep, lambda: bool(stopping), until, between)
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cronwarden.durations import format_duration
-from cronwarden.events import EventKind, JobInfo, RunRecord
+from cronwarden.events import EventKind, JobInfo, Outcome, RunRecord
 from cronwarden.stores.base import EventQuery
 
 if TYPE_CHECKING:
@@ -89,14 +89,24 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
         )
     }
     manual = _manual(store, job, read_since)
+    # What the end events of interrupted runs know of the signal (one read,
+    # only when a shown run was interrupted).
+    signals: dict[str, Any] = {}
+    if any(r.outcome is Outcome.INTERRUPTED for r in runs):
+        query = EventQuery(job=job, kinds=[EventKind.INTERRUPTED], since=read_since, limit=10_000)
+        ends = store.events(query)
+        signals = {e.run_id: e.data["signal"] for e in ends if e.run_id in shown and "signal" in e.data}
     items: list[tuple[float, dict[str, Any]]] = []
     for r in runs:
-        items.append((r.started_at, {
+        item = {
             "type": "run", "run_id": r.run_id, "started_at": r.started_at, "host": r.host, "pid": r.pid,
             "token": r.token, "outcome": r.outcome.value if r.outcome else "running",
             "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
             "backfill_of": backfills.get(r.run_id), "manual": manual.get(r.run_id),
-        }))  # fmt: skip
+        }  # fmt: skip
+        if r.run_id in signals:
+            item["signal"] = signals[r.run_id]
+        items.append((r.started_at, item))
     for e in refusals:
         item = {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}
         if e.run_id in manual:

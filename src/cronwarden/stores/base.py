@@ -129,6 +129,10 @@ class End(NamedTuple):
     detail: str = ""
     replaced_by: str | None = None
     """Outcome replaced: the run that took over."""
+    signal: Mapping[str, object] | None = None
+    """Outcome interrupted by a signal: what is known of it (the signal, its
+    sender, the grace, whether SIGKILL followed), kept as the end event's
+    ``signal``."""
 
 
 class Finished(NamedTuple):
