@@ -11,6 +11,15 @@ Rounds cycle through the faults the store supports (fencing on); every
 fault with fencing off, which must find violations. Exit status: 0 when every
 fenced round had no violation and every control round found some, else 1.
 Only fenced cycles count towards ``--cycles``.
+
+Effects mode (``--effects``, see chaos/effects.py): the runs increment a
+counter in a PostgreSQL table and a Redis hash through ``cronwarden.fence``
+instead of writing to the referee, under the frozen-holder faults only; the
+lease store is ``--store`` (on the test servers, a schema or key prefix per
+round). ``--control`` runs the positive control alone (helpers bypassed).
+
+    python bench/chaos.py --effects --store postgres --cycles 1000 --json pg-effects.json
+    python bench/chaos.py --effects --control --store redis --cycles 100
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -32,6 +41,9 @@ if ROOT not in sys.path:
 from chaos.checkers import Distribution, percentile  # noqa: E402
 from chaos.faults import PAUSES, Fault, backend  # noqa: E402
 from chaos.harness import RoundConfig, RoundResult, run_round, table  # noqa: E402
+
+if TYPE_CHECKING:
+    from chaos.effects import EffectsResult
 
 from cronwarden.durations import parse_positive_duration  # noqa: E402
 
@@ -49,6 +61,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--control-every", type=int, default=8, help="a positive-control round every N rounds")
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--effects",
+        action="store_true",
+        help="runs write to PostgreSQL and Redis through cronwarden.fence (frozen-holder faults)",
+    )
+    p.add_argument("--control", action="store_true",
+                   help="with --effects: only positive-control rounds (the helpers bypassed)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON here (after every round)")
     p.add_argument(
         "--report",
@@ -163,6 +182,11 @@ def run_store(store: str, args: argparse.Namespace) -> tuple[list[RoundResult], 
     return results, summary(store, results, time.monotonic() - t0)
 
 
+def _load(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return list(json.load(f)["stores"])
+
+
 def write_json(path: str, args: argparse.Namespace, summaries: list[dict[str, Any]]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
@@ -253,6 +277,123 @@ def merge(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
+def run_effects_store(store: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Effects rounds on one lease store: the frozen-holder faults in turn,
+    fenced (a control round every ``--control-every``), or only the control
+    with ``--control``; until ``--cycles`` cycles (fenced ones, or control
+    ones with ``--control``) or ``--duration``."""
+    from chaos.effects import effects_config, lease_backend, run_effects_round
+
+    results: list[EffectsResult] = []
+    t0 = time.monotonic()
+    limit = parse_positive_duration(args.duration, what="--duration") if args.duration else float("inf")
+    faults = [Fault(f) for f in args.faults.split(",")] if args.faults != "all" else list(PAUSES)
+    bad = [f for f in faults if f not in PAUSES]
+    if bad:
+        raise SystemExit(f"chaos: --effects injects {', '.join(PAUSES)}; got {', '.join(bad)}")
+    order = itertools.cycle(faults)
+    seeds = itertools.count(args.seed) if args.seed is not None else itertools.repeat(None)
+    counted, n = 0, 0
+    with lease_backend(store) as b:
+        while counted < args.cycles and time.monotonic() - t0 < limit:
+            n += 1
+            fenced = not args.control and not (args.control_every and n % args.control_every == 0)
+            fault = next(order)
+            n_faults = args.faults_per_round if fenced else max(2, args.faults_per_round // 2)
+            config = effects_config(fault, fenced=fenced, ttl=args.ttl, faults=n_faults, seed=next(seeds))
+            # Longer gaps than the referee mode: a cycle here costs a worker with two
+            # database clients, so fewer pauses per cycle keep a long run to minutes.
+            config.slots, config.gap, config.long_share = args.slots, (6, 10), 0.2
+            config.timeout = max(120.0, n_faults * 30 * args.ttl)  # up to 10 clean cycles and a pause a fault
+            try:
+                r = run_effects_round(b, config)
+            except Exception as e:  # a long run reports a broken round and goes on
+                print(f"{store} effects round {n} {fault}: harness error {e!r}", flush=True)
+                continue
+            results.append(r)
+            if fenced != args.control:
+                counted += r.cycles
+            summary = effects_summary(store, results, time.monotonic() - t0)
+            if args.json:
+                write_json(args.json, args, [summary])
+            found = {k: len(v) for k, v in r.violations.items() if v}
+            print(f"{store} effects round {n:4d} {fault.value:17s} fence={'on ' if fenced else 'OFF'} "
+                  f"cycles={r.cycles:3d} faults={len(r.injections):2d} late fenced={r.late_fenced:2d} "
+                  f"violations={found or 0} misses={len(r.expectations)} errors={len(r.errors)} "
+                  f"{r.wall:5.1f}s [{counted}/{args.cycles} after {time.monotonic() - t0:.0f}s]",
+                  flush=True)  # fmt: skip
+    return effects_summary(store, results, time.monotonic() - t0)
+
+
+def effects_summary(store: str, results: list[EffectsResult], wall: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"store": store, "effects": True, "wall_s": round(wall, 1)}
+    for fenced, key in ((True, "fenced"), (False, "control")):
+        rs = [r for r in results if r.config.fenced is fenced]
+        c: Counter[str] = Counter()
+        for r in rs:
+            c["rounds"] += 1
+            c["cycles"] += r.cycles
+            c["injections"] += len(r.injections)
+            c["late_fenced"] += r.late_fenced
+            c["control_hits"] += r.control_hits
+            c["rounds_with_violations"] += r.found("a", "b", "c") > 0
+            c["expectation_misses"] += len(r.expectations)
+            c["errors"] += len(r.errors) + len(r.db_errors)
+            c["tracebacks"] += len(r.tracebacks)
+            c.update({f"violations:{k}": len(v) for k, v in r.violations.items()})
+            for target in r.increments:
+                c[f"{target}:final"] += r.increments[target]
+                c[f"{target}:recorded"] += r.recorded[target]
+                c[f"{target}:acknowledged"] += r.acknowledged[target]
+                c[f"{target}:fenced"] += r.fenced[target]
+        out[key] = dict(c)
+        out[f"{key}_samples"] = {
+            "violations": [v for r in rs for vs in r.violations.values() for v in vs][:20],
+            "expectations": [e for r in rs for e in r.expectations][:20],
+            "errors": [e for r in rs for e in (*r.errors, *r.db_errors)][:20],
+            "tracebacks": [t for r in rs for t in r.tracebacks][:5],
+        }
+    return out
+
+
+def effects_ok(s: dict[str, Any]) -> bool:
+    """No violation with fencing; a violation in every control round."""
+    f, c = s["fenced"], s["control"]
+    clean = sum(n for k, n in f.items() if k.startswith("violations:")) == 0
+    return clean and c.get("rounds_with_violations", 0) == c.get("rounds", 0)
+
+
+def effects_report(summaries: list[dict[str, Any]]) -> str:
+    lines = [
+        "| lease store | cycles | pauses | late writes refused (Fenced) | increments PostgreSQL / Redis "
+        "(final = recorded; acknowledged) | violations a/b/c/d/g/h | control rounds: pauses, found |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    for s in summaries:
+        f, c = s["fenced"], s["control"]
+        incr = " / ".join(
+            f"{f.get(f'{t}:final', 0)} = {f.get(f'{t}:recorded', 0)}; {f.get(f'{t}:acknowledged', 0)}"
+            for t in ("postgres", "redis")
+        )
+        v = "/".join(str(f.get(f"violations:{k}", 0)) for k in "abcdgh")
+        cv = "/".join(str(c.get(f"violations:{k}", 0)) for k in "abc")
+        control = (f"{c.get('rounds', 0)}: {c.get('injections', 0)} pauses, {c.get('control_hits', 0)} "
+                   f"caught (a/b/c {cv})")  # fmt: skip
+        lines.append(f"| {s['store']} | {f.get('cycles', 0)} | {f.get('injections', 0)} | "
+                     f"{f.get('late_fenced', 0)} | {incr} | {v} | {control} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def effects_main(args: argparse.Namespace) -> int:
+    stores = STORES if args.store == "all" else (args.store,)
+    summaries = [run_effects_store(store, args) for store in stores]
+    print()
+    print(effects_report(summaries))
+    if args.json:
+        write_json(args.json, args, summaries)
+    return 0 if all(effects_ok(s) for s in summaries) else 1
+
+
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -263,6 +404,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     args = parse_args(argv)
+    if args.control and not args.effects:
+        print("chaos: --control goes with --effects (the long mode's controls are --control-every)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.report and any(s.get("effects") for path in args.report for s in _load(path)):
+        summaries = [s for path in args.report for s in _load(path)]
+        print(effects_report(summaries))
+        return 0 if all(effects_ok(s) for s in summaries) else 1
+    if args.effects:
+        return effects_main(args)
     if args.report:
         summaries = []
         for path in args.report:

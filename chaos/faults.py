@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,10 @@ class Backend:
         """Crash the server, keep it down ``down`` seconds, start it again."""
         raise NotImplementedError
 
-    def pause(self, seconds: float, namespace: str) -> None:
+    def pause(self, seconds: float, namespace: str, before_resume: Callable[[], None] | None = None) -> None:
+        """Freeze the store for ``seconds``. ``before_resume``, where the
+        store can run it, reads the store while it is still frozen to every
+        session but the harness's observer."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -129,9 +132,11 @@ class SqliteBackend(Backend):
     def url(self, namespace: str) -> str:
         return f"sqlite:///{self.directory / f'{namespace}.db'}"
 
-    def pause(self, seconds: float, namespace: str) -> None:
+    def pause(self, seconds: float, namespace: str, before_resume: Callable[[], None] | None = None) -> None:
         """Hold the database's write lock for ``seconds``, from another
-        connection, as a long transaction or a backup tool would."""
+        connection, as a long transaction or a backup tool would. (Readers
+        go on meanwhile, the observer among them: ``before_resume`` is not
+        needed.)"""
         db = sqlite3.connect(self.directory / f"{namespace}.db", timeout=30, isolation_level=None)
         try:
             db.execute("BEGIN EXCLUSIVE")
@@ -179,29 +184,62 @@ class PostgresBackend(Backend):
         time.sleep(down)
         self.server.start()
 
-    def _processes(self) -> list[int]:
-        """The postmaster first, then every process it forked."""
+    @staticmethod
+    def _children(top: int) -> list[int]:
+        """Every process ``top`` forked: from its ``children`` file (one
+        read), else by scanning /proc (slow on a busy host)."""
+        try:
+            with open(f"/proc/{top}/task/{top}/children") as f:
+                return [int(x) for x in f.read().split()]
+        except OSError:
+            return [int(e) for e in os.listdir("/proc") if e.isdigit() and parent_of(int(e)) == top]
+
+    def _observers(self) -> list[int]:
+        with self._admin() as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'cw-chaos-watch'"
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def pause(self, seconds: float, namespace: str, before_resume: Callable[[], None] | None = None) -> None:
+        """SIGSTOP of the postmaster (first, so it forks nothing new) and of
+        every process it forked; SIGCONT after ``seconds``.
+
+        The harness judges a holder's stop against its lease's expiry as the
+        observer saw it, so the observer must see the holder's last renewal
+        before the freeze. Read just before the freeze, it can miss one made
+        in between (a renewal every ttl/3); read after the thaw, the lease
+        may already have moved to the next run. So the observer's own
+        backend is thawed first and ``before_resume`` reads while every
+        other session is still frozen: the lease exactly as the freeze left
+        it. (A backend frozen holding a lock the read needs would block it:
+        after 2 s the rest are thawed anyway.)"""
+        observers = self._observers() if before_resume is not None else []
         top = self.server.postmaster_pid()
         if top is None:
-            return []
-        children = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and parent_of(int(entry)) == top:
-                children.append(int(entry))
-        return [top, *children]
-
-    def pause(self, seconds: float, namespace: str) -> None:
-        # Stop the postmaster first so it forks nothing new, then its children.
-        pids = self._processes()
-        for pid in pids:
+            return
+        stopped = [top]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(top, signal.SIGSTOP)
+        for pid in self._children(top):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
         try:
             time.sleep(seconds)
         finally:
-            for pid in reversed(pids):
+            first = [pid for pid in stopped if pid in observers]
+            for pid in first:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
+            if before_resume is not None and first:
+                reading = threading.Thread(target=before_resume, daemon=True)
+                reading.start()
+                reading.join(timeout=2.0)
+            for pid in reversed(stopped):
+                if pid not in first:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
 
     def close(self) -> None:
         self._cm.__exit__(None, None, None)
@@ -283,7 +321,8 @@ class RedisBackend(Backend):
         time.sleep(down)
         self.server.start()
 
-    def pause(self, seconds: float, namespace: str) -> None:
+    def pause(self, seconds: float, namespace: str, before_resume: Callable[[], None] | None = None) -> None:
+        # One process: nothing can run while the rest stay frozen.
         self.server.pause()
         try:
             time.sleep(seconds)

@@ -41,6 +41,7 @@ WORKER = os.path.join(HERE, "worker.py")
 ALL_EVENTS = 10_000_000
 
 EXIT_LEASE_LOST = 3
+EXIT_STORE = 75
 
 
 @dataclass
@@ -101,6 +102,8 @@ class RoundResult:
     rejected: int = 0
     late_rejected: int = 0
     """Operations of a frozen-then-resumed holder that the referee refused."""
+    stopped_for_lease_loss: int = 0
+    """Runs, not frozen by the harness, whose supervisor stopped them for a lost lease."""
     lease_kept: int = 0
     lease_lost: int = 0
     """For PAUSE_SHORT: injections after which the paused run kept / lost its lease."""
@@ -142,18 +145,25 @@ class Round:
 
     # -- workers -------------------------------------------------------------
 
-    def command(self, long: bool) -> list[str]:
-        ttl = self.cfg.ttl
-        step = ttl / 4
-        steps = max(1, round(self.cfg.long_work * ttl / step)) if long else 1
-        sleep = step if long else 0.01
+    def work(self, long: bool) -> tuple[int, float]:
+        """(steps, seconds between each read and its write) of one run's work."""
+        step = self.cfg.ttl / 4
+        return (max(1, round(self.cfg.long_work * self.cfg.ttl / step)), step) if long else (1, 0.01)
+
+    def worker(self, long: bool) -> list[str]:
+        """The command a guarded run runs."""
+        steps, sleep = self.work(long)
         assert self.referee is not None
         worker = [sys.executable, "-S", WORKER, "--port", str(self.referee.port), "--steps", str(steps),
                   "--sleep", f"{sleep:.3f}"]  # fmt: skip
         if not self.cfg.fenced:
             worker.append("--no-fencing")
+        return worker
+
+    def command(self, long: bool) -> list[str]:
+        ttl = self.cfg.ttl
         return [sys.executable, "-m", "cronwarden", "run", "--job", self.job, "--ttl", f"{int(ttl * 1000)}ms",
-                "--store", self.url, "--quiet", "--", *worker]  # fmt: skip
+                "--store", self.url, "--quiet", "--", *self.worker(long)]  # fmt: skip
 
     def launch(self, slot: int, long: bool) -> Launch:
         proc = subprocess.Popen(self.command(long), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -262,12 +272,12 @@ class Round:
             self.result.errors.append("no long run to target for 30s")
             return None
         run, child, sup = target
-        # A random phase relative to the heartbeat's renewals.
-        time.sleep(self.rng.uniform(0, renew_interval(ttl)))
+        self.phase(run)
         if not _alive(child) or sup not in ancestors(child):
             return None  # finished meanwhile; pick another
-        assert self.watch_store is not None
-        self.observe(self.watch_store)
+        watch = self.watch_store
+        assert watch is not None
+        self.observe(watch)
         inj = Injection(fault=fault, at=time.monotonic(), wall=time.time(), target_run=run, supervisor=sup,
                         child=child)  # fmt: skip
         if fault is Fault.KILL_SUPERVISOR:
@@ -293,9 +303,14 @@ class Round:
             inj.resumed = time.monotonic()
             inj.note = f"down {inj.resumed - inj.at:.2f}s"
         elif fault is Fault.STORE_PAUSE:
-            self.backend.pause(1.5 * ttl, self.namespace)
+            self.backend.pause(1.5 * ttl, self.namespace, before_resume=lambda: self.observe(watch))
             inj.resumed = time.monotonic()
         return inj
+
+    def phase(self, run: str) -> None:
+        """Wait for the moment to strike ``run``: a random phase relative to
+        the heartbeat's renewals."""
+        time.sleep(self.rng.uniform(0, renew_interval(self.cfg.ttl)))
 
     def _hold_until_taken_over(self, inj: Injection) -> None:
         """Keep the holder frozen for 2×ttl, and on to 3×ttl until another run
@@ -332,12 +347,15 @@ class Round:
         thawed = time.monotonic()
         signal_group(inj.child, signal.SIGCONT)
         if inj.fault is Fault.PAUSE_LONG:
-            self.wait_quietly(lambda: any(e.get("run") == inj.target_run and e["t"] > thawed
-                                          for e in self.refresh()[-50:]), 1.0)  # fmt: skip
+            self.wait_quietly(lambda: self.stepped(inj.target_run, thawed), 1.0)
         else:
             time.sleep(0.05)
         signal_group(inj.supervisor, signal.SIGCONT)
         inj.resumed = time.monotonic()
+
+    def stepped(self, run: str | None, since: float) -> bool:
+        """Whether ``run`` has taken its next step since monotonic ``since``."""
+        return any(e.get("run") == run and e["t"] > since for e in self.refresh()[-50:])
 
     # -- the round -----------------------------------------------------------
 
@@ -437,9 +455,7 @@ class Round:
         r.cycles = len(started)
         r.attempts = len(self.launches)
         r.violations = {
-            "a": checkers.check_a_token_order(log, tokens),
-            "b": checkers.check_b_no_interleaving(log),
-            "c": checkers.check_c_acknowledged_present(log, head),
+            **self._safety(log, head, tokens),
             "d": checkers.check_d_one_terminal(events, runs, log),
             "g": checkers.check_g_grant_order(events),
             "h": [],
@@ -456,6 +472,14 @@ class Round:
         r.writes = sum(1 for e in writes if e["ok"])
         r.rejected = sum(1 for e in log if e["op"] in ("read", "write") and not e["ok"])
         self._measure(log, events, runs)
+
+    def _safety(self, log: list[dict[str, Any]], head: str, tokens: dict[str, int]) -> dict[str, list[str]]:
+        """Checkers (a)–(c) on the resource the workers wrote: the referee's document."""
+        return {
+            "a": checkers.check_a_token_order(log, tokens),
+            "b": checkers.check_b_no_interleaving(log),
+            "c": checkers.check_c_acknowledged_present(log, head),
+        }
 
     def _measure(
         self, log: list[dict[str, Any]], events: list[Event], runs: dict[str, RunRecord | None]
@@ -574,14 +598,30 @@ class Round:
         for sent, owner, _token, expires_in in self.watch:
             expiry[owner] = max(expiry.get(owner, -math.inf), sent + expires_in)
         for run_id, rec in h.runs.items():
-            if rec is None or rec.outcome is not Outcome.LEASE_LOST or run_id in frozen:
+            if rec is None or run_id in frozen or not self._stopped_for_lease_loss(rec, h):
                 continue
+            r.stopped_for_lease_loss += 1
             died, exp = h.closes.get(run_id), expiry.get(run_id)
             if died is None or exp is None:
                 continue
             r.margin.add(exp - died)
             if exp < died:
                 r.violations["h"].append(f"(f) run {run_id} worked {died - exp:.3f}s past its lease's expiry")
+
+    @staticmethod
+    def _stopped_for_lease_loss(rec: RunRecord, h: History) -> bool:
+        """Its supervisor stopped the command because the lease was gone.
+        Recorded ``lease_lost``, or ``abandoned`` with the supervisor alive
+        to the end (exit 3, or 75 when it could not record): after a frozen
+        store thaws, the holder's own record and the next run's acquire,
+        both held up in it, race; when the acquire wins, it records the
+        holder abandoned (its lease had expired) and the holder's record
+        finds the run already ended."""
+        if rec.outcome is Outcome.LEASE_LOST:
+            return True
+        launch = h.launches.get(rec.pid) if rec.pid is not None else None
+        return (rec.outcome is Outcome.ABANDONED and launch is not None
+                and launch.returncode in (EXIT_LEASE_LOST, EXIT_STORE))  # fmt: skip
 
     def _last_renewal(self, run: str | None, before: float) -> float | None:
         """Monotonic time of the run's last renewal (or grant) seen by the

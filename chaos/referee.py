@@ -29,6 +29,9 @@ Requests (one line each, space separated) and replies:
     its close is logged, which is how the harness learns when a child died)
 ``READ token fence``        → ``OK head`` | ``REJECT floor``
 ``WRITE token fence write_id prev`` → ``OK`` | ``REJECT floor``
+``EFFECT op ok json``        → ``OK``: log what a worker did to a resource
+    elsewhere (effects mode: the user's own database judges the token, the
+    referee only records), as ``{op, run, token, ok, **json}``
 ``WHO``                     → ``OK <json>``: the open worker connections
 ``SINCE n``                 → ``OK <json>``: log entries from index n on
 ``LOG``                     → ``OK <json>``: the whole log and the head
@@ -88,6 +91,9 @@ class RefereeState:
             self.floor = max(self.floor, token)
         self._entry(op="read", run=run, token=token, fence=fence, ok=ok, head=self.head, floor=self.floor)
         return ok, self.head if ok else str(self.floor)
+
+    def effect(self, run: str | None, token: int | None, op: str, ok: bool, fields: dict[str, Any]) -> None:
+        self._entry(**fields, op=op, run=run, token=token, ok=ok)
 
     def write(self, run: str | None, token: int, fence: bool, write_id: str, prev: str) -> tuple[bool, str]:
         ok = not fence or token >= self.floor
@@ -177,6 +183,10 @@ class Server:
             if op == "WRITE":
                 ok, value = s.write(c.run, _parse_token(args[0]), args[1] == "1", args[2], args[3])
                 return "OK" if ok else f"REJECT {value}"
+            if op == "EFFECT":
+                fields = json.loads(" ".join(args[2:])) if len(args) > 2 else {}
+                s.effect(c.run, c.token, args[0], args[1] == "1", fields)
+                return "OK"
             if op == "WHO":
                 live = [{"run": x.run, "pid": x.pid, "token": x.token, "opened": x.opened}
                         for x in self.conns.values() if x.run is not None]  # fmt: skip

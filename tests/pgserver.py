@@ -33,7 +33,9 @@ from typing import NoReturn
 import pytest
 
 BINDIRS = "/usr/lib/postgresql/*/bin"
-PORTS = (55432, 60999)
+PORTS = tuple(int(x) for x in os.environ.get("CRONWARDEN_TEST_PORTS", "55432-60999").split("-", 1))
+"""Where private servers listen: ``$CRONWARDEN_TEST_PORTS`` (``low-high``)
+keeps parallel sessions on one host in separate ranges."""
 TIMEOUT = 60
 """Seconds any pg_ctl or initdb step may take on a loaded 2-core machine."""
 

@@ -12,6 +12,7 @@ Without a ``redis-server`` binary the test is skipped; with
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,6 +43,19 @@ def redis_server_binary() -> str:
 
 
 def free_port() -> int:
+    """A free port: in ``$CRONWARDEN_TEST_PORTS`` (``low-high``) when set,
+    else any the kernel gives."""
+    wanted = os.environ.get("CRONWARDEN_TEST_PORTS")
+    if wanted:
+        low, high = (int(x) for x in wanted.split("-", 1))
+        for port in random.sample(range(low, high + 1), min(50, high - low + 1)):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in {wanted}")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]

@@ -133,8 +133,8 @@ def test_stop_of_a_run_on_another_host_kills_its_command_within_grace_and_a_rene
         [held] = store.open_runs("held")
     grace, renew_every = 1.0, 1.0  # ttl 3s: renewed every second
 
-    asked = time.monotonic()
     done = cli("stop", held.run_id, "--reason", "it holds the warehouse lock", "--grace", "1s", env=env)
+    asked = time.monotonic()  # the request is in the store once stop has returned
 
     assert done.returncode == 0, done.stderr
     assert "stop requested" in done.stdout and "host other" in done.stdout

@@ -337,3 +337,25 @@ def test_the_config_reads_jitter_and_catchup(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="catchup must be one of skip, latest, all, got 'most'"):
         load(str(path))
     assert JobSettings(name="y").catchup == "latest"
+
+
+def test_a_fire_claims_its_slot_as_it_leaves_the_queue_so_a_dead_queue_loses_none(
+    sqlite_store: Store,
+) -> None:
+    """With the claim taken at start (in-process fires), slots an instance
+    had queued but not reached when it died are still unclaimed: another
+    instance fires them."""
+    clock = FakeClock(start=T0)
+    job = every("tick", 60)
+    queued, queued_launches, _ = scheduler(sqlite_store, [job], clock, "queued")
+    queued.claims_at_start = lambda _job: True
+    queued.tick()
+    assert queued_launches.started == [("tick", T0, None)]  # in its queue, not claimed yet
+    other, other_launches, _ = scheduler(sqlite_store, [job], clock, "other")
+    other.tick()
+    assert other_launches.started == [("tick", T0, None)] and other.fired == 1
+    said = queued.claim_at_start(job, T0, None)
+    assert said is not None and said.startswith("fired by other#") and queued.fired == 0
+    clock.advance(60)
+    queued.tick()
+    assert queued.claim_at_start(job, T0 + 60, None) is None and queued.fired == 1
