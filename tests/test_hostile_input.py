@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +53,8 @@ CASES = [
     (None, {}, ["run", "--job", "x", "--ttl", "1ms", "--", "true"], 2, ["--ttl must be at least 1s"]),
     (None, {}, ["run", "--job", "x", "--slot", "1e30", "--", "true"], 2, ["--slot", "year 9999"]),
     ('retention = "soon"\n', {}, ["prune"], 2, ["retention"]),
+    ("keep_runs = 0\n", {}, ["prune"], 2, ["keep_runs must be a whole number"]),
+    (None, {}, ["prune", "--store-url-suffix", "?retention=soon"], 2, ["retention must be a duration"]),
     (None, {}, ["audit", "--slow", "5"], 2, ["--slow", "at most 1"]),
     (None, {}, ["audit", "--runs", "99999999999"], 2, ["--runs must be a whole number from 1 to 100000"]),
     (None, {}, ["history", "x", "--limit", "99999999999"], 2, ["--limit must be a whole number from 1"]),
@@ -78,7 +81,11 @@ def test_bad_input_is_one_line_and_leaves_the_ledger_as_it_was(
     if config is not None:
         (tmp_path / "cronwarden.toml").write_text(config)
     before = ledger(db)
-    store = ["--store", f"sqlite:///{db}"] if argv[0] in ("run", "prune", "audit", "history") else []
+    suffix = ""
+    if "--store-url-suffix" in argv:  # a parameter of the store URL itself
+        at = argv.index("--store-url-suffix")
+        suffix, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
+    store = ["--store", f"sqlite:///{db}{suffix}"] if argv[0] in ("run", "prune", "audit", "history") else []
     words = (
         [*argv[: argv.index("--")], *store, *argv[argv.index("--") :]] if "--" in argv else [*argv, *store]
     )
@@ -184,3 +191,28 @@ def test_a_store_on_a_read_only_filesystem_is_inspected_and_run_says_it_cannot_w
     assert ran.stderr.count("\n") == 1 and "cannot write" in ran.stderr and "read-only" in ran.stderr
     assert ledger(db) == before
     assert sorted(p.name for p in db.parent.iterdir() if p.name.startswith(db.name)) == [db.name]
+
+
+def test_another_programs_key_under_the_redis_prefix_is_one_line_and_nothing_written(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    import redis
+    from tests.conftest import REDIS_URL, unavailable
+
+    admin = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        admin.ping()
+    except redis.exceptions.ConnectionError as e:
+        unavailable(f"Redis at {REDIS_URL} does not answer: {e}")
+    prefix = f"cw-hostile-{uuid.uuid4().hex[:10]}:"
+    admin.set(f"{prefix}open", "another program's")
+    try:
+        done = run_cli("run", "--job", "x", "--store", f"{REDIS_URL}?prefix={prefix}", "--", "sh", "-c",
+                       "echo RAN", cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 2 and "RAN" not in done.stdout, done
+        assert f"the key {prefix}open holds a string where the store keeps a hash" in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+        assert admin.keys(f"{prefix}*") == [f"{prefix}open"]
+    finally:
+        for key in admin.scan_iter(match=f"{prefix}*"):
+            admin.delete(key)
+        admin.close()
