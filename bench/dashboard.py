@@ -418,7 +418,7 @@ def main() -> int:
                 # lasts longer than comparison.BLOCK_SECONDS, and rounds stay short.
                 n1 = interleave(floor, others, per_block=1, min_rounds=5, budget=front_budget, warmup=2)
                 print_table(
-                    f"The front page, {jobs} jobs (ms; no target: ratios for reference)",
+                    f"The front page, {jobs} jobs (ms; ratios for reference, targets below)",
                     rows(floor, others, scale=1e3, unit="ms"),
                 )
                 print("paired per round:")
@@ -452,7 +452,7 @@ def main() -> int:
                 others2 = [job_reads, job_page, job_api, http_job, http_job_new, http_job_nodelay]
                 n2 = interleave(job_floor, others2, min_rounds=5, budget=job_budget, warmup=3)
                 print_table(
-                    f"One job's page, {args.runs} runs (ms; no target: ratios for reference)",
+                    f"One job's page, {args.runs} runs (ms; ratios for reference, targets below)",
                     rows(job_floor, others2, scale=1e3, unit="ms"),
                 )
                 print("paired per round:")

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import POSTGRES_URL
 from cronwarden.clock import Clock, FakeClock
+from cronwarden.events import EventKind
 from cronwarden.monitor import Monitor
 from cronwarden.stores.base import EventQuery, Store
 from cronwarden.web import Dashboard
@@ -132,14 +133,16 @@ def test_bad_filters_are_400_saying_what_is_expected(dashboard: Dashboard, targe
     assert said in text.replace("&#x27;", "'")
 
 
-def plan(store: Store, backend: str, query: EventQuery | None) -> str:
+def plan(store: Store, backend: str, query: EventQuery | tuple[EventKind, ...] | None) -> str:
     """How the store's database would read ``store.events(query)``, or
-    (``query`` None) every job's finding states (``latest_events``)."""
-    if query is None:
+    (``query`` None, or kinds) every job's finding states, or latest events
+    of those kinds (``latest_events``)."""
+    if not isinstance(query, EventQuery):
         from cronwarden.monitor import STATE_KINDS
         from cronwarden.stores.sql import _kinds_in
 
-        sql = store._shared["latest_events"].replace("{kinds}", _kinds_in(STATE_KINDS))  # type: ignore[attr-defined]
+        kinds = _kinds_in(query or STATE_KINDS)
+        sql = store._shared["latest_events"].replace("{kinds}", kinds)  # type: ignore[attr-defined]
         args: list[object] = [500]
     else:
         sql, args = store._events_sql(query)  # type: ignore[attr-defined]
@@ -161,6 +164,7 @@ def test_the_reads_of_every_job_use_their_indexes(store: Store, backend: str) ->
     trouble across jobs: index reads, not scans of the events, whatever
     kinds are added later (a new kind of finding or trouble needs its
     index's list, and a migration, to match)."""
+    from cronwarden.monitor import PAUSE_KINDS
     from cronwarden.monitor.rules import FINDING_KINDS
     from cronwarden.monitor.snooze import SNOOZE_KINDS
     from cronwarden.web.dashboard import TROUBLE
@@ -168,6 +172,7 @@ def test_the_reads_of_every_job_use_their_indexes(store: Store, backend: str) ->
     states = plan(store, backend, EventQuery(job="nightly", kinds=(*FINDING_KINDS, *SNOOZE_KINDS), limit=500))
     trouble = plan(store, backend, EventQuery(kinds=TROUBLE, limit=100))
     every_job = plan(store, backend, None)
+    pauses = plan(store, backend, PAUSE_KINDS)
     if backend == "sqlite":
         assert "USING INDEX events_findings (job=?)" in states, states
         assert "USING INDEX events_trouble" in trouble, trouble
@@ -175,3 +180,4 @@ def test_the_reads_of_every_job_use_their_indexes(store: Store, backend: str) ->
         assert "events_job_kind_at" in states or "events_findings" in states, states
         assert "events_trouble" in trouble, trouble
     assert "events_findings" in every_job, every_job
+    assert "events_pauses" in pauses, pauses

@@ -280,17 +280,22 @@ def _wait_for(proc: subprocess.Popen[str], seen: list[str], *texts: str, timeout
     raise AssertionError(f"the scheduler ended before {texts!r}: {seen}")
 
 
+KEEP_ALL = 'catchup = "all"\n'
+"""A loaded machine may stall a tick past a one-second slot: with
+catch-up all, such a slot is fired late, not passed over."""
+
+
 def test_sighup_reloads_the_jobs_without_losing_or_doubling_a_slot(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cw.db'}"
     old_out, new_out, kept_out = tmp_path / "old", tmp_path / "new", tmp_path / "kept"
     config = tmp_path / "cronwarden.toml"
-    config.write_text(_job("kept", kept_out, "1s") + _job("old", old_out, "1s"))
+    config.write_text(_job("kept", kept_out, "1s", KEEP_ALL) + _job("old", old_out, "1s"))
     argv = [sys.executable, "-m", "cronwarden", "scheduler", "--config", str(config), "--store", url]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: list[str] = []
     try:
         _wait_for(proc, seen, " old: slot ", " started, ")
-        config.write_text(_job("kept", kept_out, "1s") + _job("new", new_out, "1s"))
+        config.write_text(_job("kept", kept_out, "1s", KEEP_ALL) + _job("new", new_out, "1s"))
         proc.send_signal(signal.SIGHUP)
         said = _wait_for(proc, seen, "SIGHUP: reload")
         assert "added new; removed old" in said, said
@@ -298,7 +303,7 @@ def test_sighup_reloads_the_jobs_without_losing_or_doubling_a_slot(tmp_path: Pat
         _wait_for(proc, seen, " new: slot ", " started, ")
         _wait_for(proc, seen, " kept: slot ", " started, ")
         # A config with a problem: the running one stays, one line says why.
-        config.write_text(_job("kept", kept_out, "1s") + 'jitter = "oops"\n')
+        config.write_text(_job("kept", kept_out, "1s", KEEP_ALL) + 'jitter = "oops"\n')
         proc.send_signal(signal.SIGHUP)
         said = _wait_for(proc, seen, "SIGHUP: reload")
         assert "refused, the running config stays" in said and "jitter" in said, said
@@ -337,3 +342,25 @@ def test_the_config_reads_jitter_and_catchup(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="catchup must be one of skip, latest, all, got 'most'"):
         load(str(path))
     assert JobSettings(name="y").catchup == "latest"
+
+
+def test_a_fire_claims_its_slot_as_it_leaves_the_queue_so_a_dead_queue_loses_none(
+    sqlite_store: Store,
+) -> None:
+    """With the claim taken at start (in-process fires), slots an instance
+    had queued but not reached when it died are still unclaimed: another
+    instance fires them."""
+    clock = FakeClock(start=T0)
+    job = every("tick", 60)
+    queued, queued_launches, _ = scheduler(sqlite_store, [job], clock, "queued")
+    queued.claims_at_start = lambda _job: True
+    queued.tick()
+    assert queued_launches.started == [("tick", T0, None)]  # in its queue, not claimed yet
+    other, other_launches, _ = scheduler(sqlite_store, [job], clock, "other")
+    other.tick()
+    assert other_launches.started == [("tick", T0, None)] and other.fired == 1
+    said = queued.claim_at_start(job, T0, None)
+    assert said is not None and said.startswith("fired by other#") and queued.fired == 0
+    clock.advance(60)
+    queued.tick()
+    assert queued.claim_at_start(job, T0 + 60, None) is None and queued.fired == 1

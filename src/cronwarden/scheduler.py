@@ -67,6 +67,8 @@ MISSED_LISTED = 3
 POLL = 0.1
 """Seconds between looks at the runs while stopping (a signal or a run's
 end wakes the sleep sooner)."""
+_COUNT = threading.Lock()
+"""Guards ``Scheduler.fired``, counted by the fires' worker threads."""
 MAX_WALK = 10_000
 """Fire times walked over one by one after a late tick; beyond, jumped."""
 
@@ -161,6 +163,9 @@ class Scheduler:
     that an instance restarted under the same name (``--id``, a container's
     pid 1) or a second one given the same name never takes the first's
     claim for its own."""
+    claims_at_start: Callable[[ScheduledJob], bool] | None = None
+    """Jobs whose fires claim their slot when they leave the start queue
+    (``claim_at_start``, given to ``InProcess``) rather than when due."""
 
     def __post_init__(self) -> None:
         if not self.misfire_grace > 0 or not self.keep > self.misfire_grace:
@@ -288,7 +293,38 @@ class Scheduler:
             # a claim asked again by its owner answers the same.
             return self.store.claim_slot(job.name, slot, self.owner, self.keep)
 
+    def claim_at_start(self, job: ScheduledJob, slot: float, shard: str | None) -> str | None:
+        """The slot's claim, taken by a fire as it leaves the start queue: None
+        when this instance won it (and the job is not paused), else what to
+        say ("" when said already). Taken then, not when the
+        slot fell due, the claim covers a run about to start: an instance
+        killed with a long queue leaves the slots it had not reached to the
+        others, and instances that share the store share a slot's jobs by
+        whichever reaches each first. (A slot's shards claim it each; a claim
+        asked again by its owner answers the same.)"""
+        try:
+            owner = self._claim(job, slot)
+        except StoreError as e:
+            return f"not fired: {e}"
+        if owner != self.owner:
+            return f"fired by {owner}"
+        if self._paused(job, slot):
+            return ""  # recorded paused, and said
+        if shard is None or shard == job.settings.shards[0]:
+            with _COUNT:
+                self.fired += 1
+        return None
+
     def _fire(self, job: ScheduledJob, slot: float) -> None:
+        if self.claims_at_start is not None and self.claims_at_start(job):
+            for shard in job.settings.shards or (None,):
+                try:
+                    child = self.launch(job, slot, shard)
+                except (OSError, ValueError, subprocess.SubprocessError) as e:
+                    self._say(job.name, shard, slot, f"could not start: {e}")
+                    continue
+                self.running.append(Started(job.name, slot, shard, child, job.settings.detach))
+            return
         try:
             owner = self._claim(job, slot)
         except StoreError as e:
@@ -481,6 +517,9 @@ class InProcess:
         self.instance = instance
         self.say = say
         self.ended = ended
+        self.claim: Callable[[ScheduledJob, float, str | None], str | None] | None = None
+        """``Scheduler.claim_at_start``, when the scheduler leaves the claims
+        to the fires."""
         self.queue: deque[Fire] = deque()
         self._cond = threading.Condition()
         self._workers = 0
@@ -542,6 +581,12 @@ class InProcess:
         if fire.relay.signalled is not None:
             self._say(fire, "not started: the scheduler is stopping")
             return 0
+        if self.claim is not None and fire.backfill is None:
+            lost = self.claim(job, fire.slot, fire.shard)
+            if lost is not None:
+                if lost:
+                    self._say(fire, lost)
+                return 0
         now = self.clock.wall()
         late = now - fire.slot - job.offset
         window = job.window(self.misfire_grace)

@@ -123,9 +123,9 @@ def test_a_version_2_schema_upgrades_in_place_keeping_leases_runs_and_tokens(sch
         assert store.claim_slot("nightly", 1_700_000_040.0, "a", 60.0) == "a"
     # Version 4: one events index for reads by job, and no runs index that
     # finish() would have to update; version 15: partial ones of the trouble
-    # and of the finding kinds (a run's own events have no entry in them).
+    # of the finding and of the pause kinds (a run's own events have no entry in them).
     assert indexes(schema, "events") == {"events_pkey", "events_event_id_key", "events_job_kind_at",
-                                         "events_trouble", "events_findings"}  # fmt: skip
+                                         "events_trouble", "events_findings", "events_pauses"}  # fmt: skip
     assert indexes(schema, "runs") == {"runs_pkey", "runs_job_started"}
     assert indexes(schema, "slot_claims") == {"slot_claims_pkey"}
 

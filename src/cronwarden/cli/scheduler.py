@@ -227,6 +227,10 @@ def main(args: Any) -> int:
     sched = Scheduler(store, jobs, launch, misfire_grace=args.misfire_grace, keep=args.keep, say=say,
                       **kwargs)  # fmt: skip
     in_process.instance = sched.owner
+    # In-process fires claim their slot as they start (see claim_at_start);
+    # a detached one is claimed when due, as its child starts at once.
+    in_process.claim = sched.claim_at_start
+    sched.claims_at_start = lambda job: not job.settings.detach
     unscheduled = [j.name for j in config.jobs if not j.command]
     listed = ", ".join(f"{j.name} ({j.schedule.text})" for j in jobs)
     if unscheduled:
@@ -255,6 +259,13 @@ def main(args: Any) -> int:
                 reloads.clear()
                 _reload(sched, path, config.store, warden, say)
 
+        # Every in-process fire forks this process (the run's keeper): the
+        # objects made so far (the jobs, the imports) move out of the
+        # collector's reach, so a collection in a keeper does not write to,
+        # and copy, every page of them.
+        import gc
+
+        gc.freeze()
         sched.serve(wakeup.sleep, lambda: bool(stopping), until, between)
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "

@@ -90,6 +90,8 @@ from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup
 
 STATE_KINDS: tuple[EventKind, ...] = (*FINDING_KINDS, *SNOOZE_KINDS)
 """The events a job's finding states and snoozes are derived from."""
+PAUSE_KINDS: tuple[EventKind, ...] = (EventKind.PAUSED, EventKind.JOB_PAUSED, EventKind.JOB_RESUMED)
+"""The events whose newest says whether a job is paused (``_with_pause``)."""
 
 __all__ = [
     "BAD_OUTCOMES",
@@ -340,17 +342,29 @@ class Monitor:
         return self.store.rollups() or {}
 
     def _job_stats(
-        self, job: str, info: JobInfo | None, now: float, opened: list[RunRecord], rollups: dict[str, Rollup]
+        self,
+        job: str,
+        info: JobInfo | None,
+        now: float,
+        opened: list[RunRecord],
+        rollups: dict[str, Rollup],
+        pauses: Mapping[str, list[Event]] | None = None,
     ) -> JobStats:
-        """One job's statistics: from its rollup if that answers them, else from the ledger."""
+        """One job's statistics: from its rollup if that answers them, else
+        from the ledger. ``pauses``: every job's newest pause event, read
+        once for a pass (``_pauses``)."""
         rollup = rollups.get(job)
         if rollup is not None and not opened:
             fast = self._from_rollup(job, info, now, rollup)
             if fast is not None:
-                return self._with_pause(fast)
-        return self._with_pause(self._read(job, info, now, opened))
+                return self._with_pause(fast, pauses)
+        return self._with_pause(self._read(job, info, now, opened), pauses)
 
-    def _with_pause(self, stats: JobStats) -> JobStats:
+    def _pauses(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
+        """Each job's newest pause event, in one read for a pass."""
+        return self.store.latest_events(jobs, PAUSE_KINDS, 1)
+
+    def _with_pause(self, stats: JobStats, pauses: Mapping[str, list[Event]] | None = None) -> JobStats:
         """A scheduled job's pause (``cronwarden pause``), one indexed read:
         while paused it is not expected to start, and a slot recorded
         ``paused`` or a resume counts as the scheduler's last attempt, so
@@ -361,8 +375,10 @@ class Monitor:
 
         # The newest of the pause's three kinds says both: paused (a pause,
         # or a slot held back by one) or not (a resume), and since when.
-        kinds = (EventKind.PAUSED, EventKind.JOB_PAUSED, EventKind.JOB_RESUMED)
-        newest = self.store.events(EventQuery(job=stats.job, kinds=kinds, limit=1))
+        if pauses is not None:
+            newest = pauses.get(stats.job, [])
+        else:
+            newest = self.store.events(EventQuery(job=stats.job, kinds=PAUSE_KINDS, limit=1))
         if not newest:
             return stats
         last = newest[0]
@@ -430,9 +446,11 @@ class Monitor:
         for r in opened:
             by_job.setdefault(r.job, []).append(r)
         rollups = self._rollups()
+        known = self.known_jobs(opened)
+        pauses = self._pauses(list(known))
         return [
-            self._job_stats(name, info, now, by_job.get(name, []), rollups)
-            for name, info in self.known_jobs(opened).items()
+            self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses)
+            for name, info in known.items()
         ]
 
     # -- findings ---------------------------------------------------------
@@ -499,8 +517,9 @@ class Monitor:
         known = self.known_jobs(opened)
         # Every job's finding states in one read, not one per job.
         read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
+        pauses = self._pauses(list(known))
         for name, info in known.items():
-            stats = self._job_stats(name, info, now, by_job.get(name, []), rollups)
+            stats = self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:

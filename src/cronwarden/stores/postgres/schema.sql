@@ -74,6 +74,10 @@ CREATE INDEX events_trouble ON {s}.events (at)
 -- partial, as above.
 CREATE INDEX events_findings ON {s}.events (job, at)
     WHERE kind IN ('failing', 'grace_too_wide', 'missed', 'overlap', 'policy_undecided', 'skips_in_a_row', 'slow', 'snoozed', 'stuck', 'too_often', 'unsnoozed');
+-- Each job's newest pause event (paused, job_paused, job_resumed), all jobs
+-- in one read: whether a scheduled job is paused.
+CREATE INDEX events_pauses ON {s}.events (job, at)
+    WHERE kind IN ('job_paused', 'job_resumed', 'paused');
 
 -- What the store knows of each job's schedule and policy. job(name) reads
 -- one row by the primary key on every `cronwarden run`; save_job upserts it.

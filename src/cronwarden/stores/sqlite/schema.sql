@@ -70,6 +70,10 @@ CREATE INDEX events_job_at ON events (job, at);
 -- list is the index's own, as written (stores/sql.py writes sorted literals).
 CREATE INDEX events_findings ON events (job, at)
     WHERE kind IN ('failing', 'grace_too_wide', 'missed', 'overlap', 'policy_undecided', 'skips_in_a_row', 'slow', 'snoozed', 'stuck', 'too_often', 'unsnoozed');
+-- Each job's newest pause event (paused, job_paused, job_resumed), all jobs
+-- in one read: whether a scheduled job is paused.
+CREATE INDEX events_pauses ON events (job, at)
+    WHERE kind IN ('job_paused', 'job_resumed', 'paused');
 CREATE INDEX events_trouble ON events (at)
     WHERE kind IN ('abandoned', 'failed', 'failing', 'grace_too_wide', 'interrupted', 'job_paused', 'job_resumed', 'lease_lost', 'misfired', 'missed', 'overlap', 'paused', 'policy_undecided', 'queue_full', 'replaced', 'sink_failed', 'sink_rejected', 'skipped', 'skips_in_a_row', 'slow', 'snoozed', 'stopped', 'stuck', 'timed_out', 'too_often', 'unsnoozed');
 -- A rowid is max(rowid) + 1, so deleting the newest event would hand its seq

@@ -9,6 +9,10 @@
 -- check, monitor and the dashboard reads them for every job.
 CREATE INDEX events_findings ON events (job, at)
     WHERE kind IN ('failing', 'grace_too_wide', 'missed', 'overlap', 'policy_undecided', 'skips_in_a_row', 'slow', 'snoozed', 'stuck', 'too_often', 'unsnoozed');
+-- Each job's newest pause event (paused, job_paused, job_resumed), all jobs
+-- in one read: whether a scheduled job is paused.
+CREATE INDEX events_pauses ON events (job, at)
+    WHERE kind IN ('job_paused', 'job_resumed', 'paused');
 
 -- The dashboard's latest trouble across jobs: every event but a start, a success, a
 -- queued start and a sink back up.

@@ -1,0 +1,332 @@
+"""The scheduler at fleet size: does one instance fire 10,000 jobs a minute
+on time, and do three instances share 2,000 without a double or a gap?
+
+**One instance** (``--mode single``, the default): ``--jobs`` jobs (10,000)
+``every = "1m"`` running ``true``, jitter off, fired by one real
+``cronwarden scheduler`` process for ``--minutes`` minutes (5) on
+``--store`` (``sqlite``, ``postgres`` or both). From the ledger afterwards:
+
+- missed job-slots: each job and minute of the window without a run
+  (a slot the start queue reached too late is recorded ``misfired``, and
+  counted here);
+- lateness of each start after its slot: p50, p90, p99, max;
+- the scheduler's CPU per fire (its process and every process it waited
+  for: keepers and commands), over the firing window only, against the
+  floor measured in the same run: a bare fork+exec of ``true`` plus two
+  store round trips (a slot claim and a lease read) from this process.
+
+The scheduler starts between two minutes with ``--misfire-grace 10s`` (a start
+later than that is recorded ``misfired``: missed), so
+the slot of the minute it starts in is not fired while it is still loading
+its jobs: the first slot measured is the next minute's.
+
+**Three instances** (``--mode multi``): ``--jobs`` (2,000) on PostgreSQL and
+Redis, three instances; at a minute's slot, once the first starts of it
+are in the ledger, one instance is ``kill -9``ed and started again. From the
+ledger: double fires (a job and slot with two runs) and missed job-slots.
+
+Targets (issue 17): single, 0 missed, p99 <= 1 s, CPU per fire <= 3x the
+floor; multi, 0 double fires, 0 missed. Heavy: check ``uptime`` first, run
+one store at a time when the machine is quiet.
+
+    python bench/scheduler.py --store sqlite                    # 10,000 jobs x 5 min
+    python bench/scheduler.py --store postgres --minutes 2
+    python bench/scheduler.py --mode multi --store postgres,redis
+    python bench/scheduler.py --jobs 500 --minutes 1            # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cronwarden.events import EventKind
+from cronwarden.stores import open_store
+from cronwarden.stores.base import EventQuery
+
+POSTGRES = os.environ.get("CRONWARDEN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
+GRACE = "10s"
+MULTI_GRACE = "60s"
+"""The default grace for the three instances: what is judged there is
+doubles and gaps across a kill, not lateness."""
+TRUE = shutil.which("true") or "/bin/true"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def url_for(store: str, unique: str, tmp: Path) -> str:
+    if store == "sqlite":
+        return f"sqlite:///{tmp / 'cw.db'}"
+    if store == "postgres":
+        return f"{POSTGRES}{'&' if '?' in POSTGRES else '?'}schema=cw_bench_{unique}"
+    return f"{REDIS}{'&' if '?' in REDIS else '?'}prefix=cw_bench_{unique}:"
+
+
+def cleanup(store: str, unique: str) -> None:
+    if store == "postgres":
+        import psycopg
+
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "cw_bench_{unique}" CASCADE')
+    elif store == "redis":
+        import redis
+
+        client = redis.Redis.from_url(REDIS)
+        try:
+            batch = []
+            for key in client.scan_iter(match=f"cw_bench_{unique}:*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    client.delete(*batch)
+                    batch.clear()
+            if batch:
+                client.delete(*batch)
+        finally:
+            client.close()
+
+
+def write_config(path: Path, jobs: int) -> None:
+    lines = []
+    for n in range(jobs):
+        lines.append(f'[jobs.j{n:05d}]\nevery = "1m"\nttl = "60s"\ncommand = ["{TRUE}"]\n')
+    path.write_text("\n".join(lines))
+
+
+def start(config: Path, url: str, *extra: str, grace: str = GRACE) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "cronwarden", "scheduler", "--config", str(config), "--store", url,
+            "--misfire-grace", grace, "--concurrency", "64", *extra]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_line(proc: subprocess.Popen[str], text: str, timeout: float) -> None:
+    """Until the scheduler prints a line holding ``text``; the rest of its
+    output is drained by a thread (a full pipe would stall it)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if text in line:
+            threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+            return
+        if time.monotonic() > deadline:
+            break
+    raise SystemExit(f"bench: the scheduler did not print {text!r} in {timeout:g}s ({proc.poll()=})")
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and the children it waited for, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / TICK  # utime stime cutime cstime
+
+
+def next_minute(after: float) -> float:
+    return (int(after) // 60 + 1) * 60.0
+
+
+def sleep_until(t: float) -> None:
+    while (left := t - time.time()) > 0:
+        time.sleep(min(left, 1.0))
+
+
+def ledger(url: str, since: float, slots: list[float]) -> tuple[list[Any], int, set[tuple[str, float]]]:
+    """The started events since ``since``, the count of misfired slots among
+    ``slots``, and those (job, slot) pairs."""
+    with open_store(url) as store:
+        started = store.events(EventQuery(kinds=[EventKind.STARTED], since=since, limit=10_000_000,
+                                          newest_first=False))  # fmt: skip
+        misfired = store.events(EventQuery(kinds=[EventKind.MISFIRED], since=since, limit=10_000_000))
+    decided = {(e.job, float(e.data["slot"])) for e in misfired if e.data.get("slot") in slots}
+    return started, len(decided), decided
+
+
+def floor(url: str, n: int = 300) -> tuple[float, float]:
+    """Seconds of CPU of a bare fork+exec of ``true`` (waited for), and of two
+    store round trips (a slot claim and a lease read), each the mean of ``n``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    mine = time.process_time()
+    for _ in range(n):
+        pid = os.posix_spawn(TRUE, [TRUE], {})
+        os.waitpid(pid, 0)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spawn = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+             + time.process_time() - mine) / n  # fmt: skip
+    with open_store(url) as store:
+        store.claim_slot("floor", -5.0, "bench", 3600)  # connect, migrate
+        mine = time.process_time()
+        for i in range(n):
+            store.claim_slot("floor", float(i), "bench", 3600)
+            store.lease("floor")
+        trips = (time.process_time() - mine) / n
+    return spawn, trips
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def single(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
+    unique = uuid.uuid4().hex[:10]
+    tmp = Path(tempfile.mkdtemp(prefix="cw-bench-sched-"))
+    url = url_for(store, unique, tmp)
+    config = tmp / "cronwarden.toml"
+    write_config(config, jobs)
+    try:
+        spawn, trips = floor(url)
+        # Start 15 s after a minute (past the 10 s grace: that slot is not
+        # fired), so the jobs are loaded before the next one.
+        now = time.time()
+        boundary = next_minute(now)
+        if boundary - now < 45:
+            sleep_until(boundary + 15)
+            boundary += 60
+        proc = start(config, url, "--for", f"{boundary + minutes * 60 - 20 - time.time():.0f}s",
+                     "--stop-timeout", "30s")  # fmt: skip
+        wait_line(proc, "job(s) from", timeout=max(40.0, boundary - time.time() - 2))
+        sleep_until(boundary - 1)
+        cpu0 = proc_cpu(proc.pid)
+        _, status, usage = os.wait4(proc.pid, 0)
+        cpu = usage.ru_utime + usage.ru_stime - cpu0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        slots = [boundary + 60 * m for m in range(minutes)]
+        started, misfired, _ = ledger(url, boundary - 5, slots)
+        ran: dict[tuple[str, float], list[float]] = {}
+        for e in started:
+            slot = e.data.get("slot")
+            if slot in slots:
+                ran.setdefault((e.job, float(slot)), []).append(e.at - float(slot))
+        late = [min(v) for v in ran.values()]
+        expected = jobs * minutes
+        missed = expected - len(ran)
+        doubles = sum(len(v) > 1 for v in ran.values())
+        fires = len(started)
+        per_fire = cpu / fires if fires else float("nan")
+        floor_cpu = spawn + trips
+        result = {
+            "store": store, "jobs": jobs, "minutes": minutes, "expected": expected, "missed": missed,
+            "misfired": misfired, "doubles": doubles, "p50": pct(late, 0.5), "p90": pct(late, 0.9),
+            "p99": pct(late, 0.99), "max": max(late, default=float("nan")), "fires": fires,
+            "cpu_s": cpu, "cpu_per_fire_ms": per_fire * 1000, "floor_ms": floor_cpu * 1000,
+            "floor_spawn_ms": spawn * 1000, "floor_trips_ms": trips * 1000,
+            "ratio": per_fire / floor_cpu, "exit": proc.returncode, "load": os.getloadavg(),
+            "cpu_per_decision_ms": cpu / max(1, fires + misfired) * 1000,
+        }  # fmt: skip
+        out.setdefault("single", []).append(result)
+        ok = missed == 0 and result["p99"] <= 1.0 and result["ratio"] <= 3.0
+        print(f"{store}: {jobs} jobs x {minutes} min: missed {missed} of {expected} (misfired {misfired}), "
+              f"doubles {doubles}; lateness p50/p90/p99/max {result['p50']:.2f} / {result['p90']:.2f} / "
+              f"{result['p99']:.2f} / {result['max']:.2f} s; CPU per fire {per_fire * 1000:.2f} ms vs floor "
+              f"{floor_cpu * 1000:.2f} ms (fork+exec {spawn * 1000:.2f} + 2 round trips {trips * 1000:.2f}) "
+              f"= {result['ratio']:.1f}x (per slot decided, run or misfired: "
+              f"{result['cpu_per_decision_ms']:.2f} ms); exit {proc.returncode}; load "
+              f"{os.getloadavg()[0]:.2f} [{'ok' if ok else 'TARGET MISSED'}]", flush=True)  # fmt: skip
+        return ok
+    finally:
+        cleanup(store, unique)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def multi(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
+    unique = uuid.uuid4().hex[:10]
+    tmp = Path(tempfile.mkdtemp(prefix="cw-bench-sched-"))
+    url = url_for(store, unique, tmp)
+    config = tmp / "cronwarden.toml"
+    write_config(config, jobs)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        now = time.time()
+        boundary = next_minute(now)
+        if boundary - now < 45:
+            sleep_until(boundary + 15)
+            boundary += 60
+        end = boundary + minutes * 60 - 20
+        for n in range(3):
+            procs.append(
+                start(
+                    config, url, "--for", f"{end - time.time():.0f}s", "--id", f"inst-{n}", grace=MULTI_GRACE
+                )
+            )
+        for p in procs:
+            wait_line(p, "job(s) from", timeout=max(40.0, boundary - time.time() - 2))
+        # The kill: in the second minute's slot, once its first starts are in.
+        doomed_slot = boundary + 60 if minutes > 1 else boundary
+        sleep_until(doomed_slot + 0.3)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        killed_at = time.time()
+        procs[0] = start(
+            config, url, "--for", f"{end - time.time():.0f}s", "--id", "inst-0-again", grace=MULTI_GRACE
+        )
+        wait_line(procs[0], "job(s) from", timeout=120)
+        for p in procs:
+            p.wait(timeout=end - time.time() + 120)
+        slots = [boundary + 60 * m for m in range(minutes)]
+        started, misfired, decided = ledger(url, boundary - 5, slots)
+        ran: dict[tuple[str, float], int] = {}
+        for e in started:
+            slot = e.data.get("slot")
+            if slot in slots:
+                ran[(e.job, float(slot))] = ran.get((e.job, float(slot)), 0) + 1
+        expected = jobs * minutes
+        missed = expected - len(ran)
+        doubles = sum(v > 1 for v in ran.values())
+        # A slot with neither a run nor a misfired record: lost (a claim
+        # whose instance died before the run started).
+        lost = expected - len(set(ran) | decided)
+        result = {"store": store, "jobs": jobs, "minutes": minutes, "expected": expected, "missed": missed,
+                  "lost": lost, "misfired": misfired, "doubles": doubles,
+                  "killed_after_slot_s": killed_at - doomed_slot,
+                  "exits": [p.returncode for p in procs], "load": os.getloadavg()}  # fmt: skip
+        out.setdefault("multi", []).append(result)
+        ok = missed == 0 and doubles == 0 and lost == 0
+        print(f"{store}: 3 instances, {jobs} jobs x {minutes} min, one kill -9'd "
+              f"{killed_at - doomed_slot:.1f} s into a slot and restarted: double fires {doubles}, missed "
+              f"{missed} of {expected} (misfired {misfired}, lost with no record {lost}); exits "
+              f"{result['exits']}; load {os.getloadavg()[0]:.2f} [{'ok' if ok else 'TARGET MISSED'}]",
+              flush=True)  # fmt: skip
+        return ok
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        cleanup(store, unique)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=("single", "multi"), default="single")
+    ap.add_argument("--store", default=None, help="comma-separated: sqlite, postgres, redis "
+                    "(default: sqlite,postgres single; postgres,redis multi)")  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=None, help="default 10000 single, 2000 multi")
+    ap.add_argument("--minutes", type=int, default=5)
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    args = ap.parse_args()
+    stores = (args.store or ("sqlite,postgres" if args.mode == "single" else "postgres,redis")).split(",")
+    jobs = args.jobs or (10_000 if args.mode == "single" else 2_000)
+    print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} cores", flush=True)
+    out: dict[str, Any] = {}
+    ok = True
+    for store in stores:
+        run = single if args.mode == "single" else multi
+        ok = run(store.strip(), jobs, args.minutes, out) and ok
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
