@@ -316,27 +316,21 @@ class Scheduler:
         return None
 
     def _fire(self, job: ScheduledJob, slot: float) -> None:
-        if self.claims_at_start is not None and self.claims_at_start(job):
-            for shard in job.settings.shards or (None,):
-                try:
-                    child = self.launch(job, slot, shard)
-                except (OSError, ValueError, subprocess.SubprocessError) as e:
-                    self._say(job.name, shard, slot, f"could not start: {e}")
-                    continue
-                self.running.append(Started(job.name, slot, shard, child, job.settings.detach))
-            return
-        try:
-            owner = self._claim(job, slot)
-        except StoreError as e:
-            # Fail closed, like a run: no claim, no run. The next slot tries again.
-            self._say(job.name, None, slot, f"not fired: {e}")
-            return
-        if owner != self.owner:
-            self._say(job.name, None, slot, f"fired by {owner}")
-            return
-        if self._paused(job, slot):
-            return
-        self.fired += 1
+        # An in-process fire claims its slot itself as it leaves the start
+        # queue (claim_at_start); any other fire is claimed here, now.
+        if self.claims_at_start is None or not self.claims_at_start(job):
+            try:
+                owner = self._claim(job, slot)
+            except StoreError as e:
+                # Fail closed, like a run: no claim, no run. The next slot tries again.
+                self._say(job.name, None, slot, f"not fired: {e}")
+                return
+            if owner != self.owner:
+                self._say(job.name, None, slot, f"fired by {owner}")
+                return
+            if self._paused(job, slot):
+                return
+            self.fired += 1
         for shard in job.settings.shards or (None,):
             try:
                 child = self.launch(job, slot, shard)
