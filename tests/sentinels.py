@@ -15,17 +15,16 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
-import pytest
 import redis
 
 from cronwarden.errors import StoreUnavailable
 from cronwarden.stores import open_store
 from cronwarden.stores.base import Granted, Start
 from cronwarden.stores.redis import RedisStore
+from processes import wait_for
 from redisserver import RedisServer, redis_server_binary
 
 PORTS = range(28800, 28900)
@@ -33,15 +32,6 @@ PORTS = range(28800, 28900)
 SERVICE = "cwmaster"
 DOWN_AFTER_MS = 1000
 PREFIX = "cw_sentinel:"
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float, every: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        pause.wait(every)
 
 
 def _free(port: int) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import POSTGRES_URL
-from tests.processes import kill_quietly
+from tests.processes import kill_quietly, wait_for
 
 from cronwarden.clock import FakeClock
 from cronwarden.config import JobSettings
@@ -363,6 +363,11 @@ def test_when_one_instance_is_killed_the_other_fires_every_later_slot(store_url:
             if " started, pid " in line:
                 doomed_slot = datetime.strptime(line.split(" slot ")[1].split()[0], "%Y-%m-%dT%H:%M:%S%z")
                 break
+        # Its run holds the lease once its command has written: started
+        # sooner, the survivor's first fire could take the lease before the
+        # doomed instance's child (a new interpreter, slow on a loaded host)
+        # asked for it, and that run would be recorded skipped.
+        wait_for("the doomed instance's first run", lambda: out.exists() and out.read_text() != "", 30)
         survivor = _scheduler(config, store_url, "--for", "6s", "--id", "survivor")
         assert survivor.stdout is not None
         assert "cronwarden scheduler survivor" in survivor.stdout.readline()  # it is up

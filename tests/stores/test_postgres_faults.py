@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -28,6 +28,7 @@ from cronwarden.lease import Heartbeat, Lease
 from cronwarden.stores import open_store
 from cronwarden.stores.base import End, EventQuery, Granted, Refused, Start, Store
 from pgserver import PrivatePostgres, private_postgres, unavailable
+from processes import wait_for
 
 psycopg = pytest.importorskip("psycopg")
 postgres_store = pytest.importorskip("cronwarden.stores.postgres")
@@ -37,16 +38,6 @@ pytestmark = pytest.mark.postgres
 SHARED = os.environ.get("CRONWARDEN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 TTL = 1.5
 """Short enough to lose a lease within a test, long enough for a loaded 2-core box."""
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float, every: float = 0.01) -> None:
-    """Poll ``check`` until true, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        pause.wait(every)
 
 
 def with_params(url: str, **params: str) -> str:

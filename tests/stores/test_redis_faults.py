@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from cronwarden.lease import Heartbeat, Lease
 from cronwarden.policy import Policy
 from cronwarden.stores import open_store
 from cronwarden.stores.base import End, EventQuery, Granted, Refused, Start, Store
+from processes import wait_for
 from redisserver import RedisServer, free_port, private_redis
 
 redis = pytest.importorskip("redis")
@@ -39,16 +40,6 @@ SHARED = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL = 1.5
 """Short enough to lose a lease within a test, long enough for a loaded 2-core box."""
 LONG_TTL = 60.0
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float, every: float = 0.01) -> None:
-    """Poll ``check`` until true, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        pause.wait(every)
 
 
 def start(job: str = "nightly", *, ttl: float = TTL, key: str | None = None) -> Start:
