@@ -601,8 +601,7 @@ class Supervisor:
             if signalled is None and self.relay.signalled is not None:
                 signalled = self.relay.signalled  # the handler has passed it to the command's group
                 kill_at = now + self.kill_grace
-                print(f"cronwarden: {self.relay.describe()} received; stopping {self.run.job} run "
-                      f"{self.run.run_id} (SIGKILL after {self.kill_grace:g}s)", file=sys.stderr)  # fmt: skip
+                self._say_stopping()
             if kill_at is not None and not killed and now >= kill_at:
                 child.signal(signal.SIGKILL)
                 killed = True
@@ -634,6 +633,8 @@ class Supervisor:
         # of it before this loop looked at the relay again.
         if self.relay.signalled is None:
             return Exit(code)
+        if signalled is None:  # it died of the signal before the loop said so
+            self._say_stopping()
         waited = 0.0 if kill_at is None else max(0.0, clock.monotonic() - (kill_at - self.kill_grace))
         if killed:
             how = f"the command was killed after its {self.kill_grace:g}s grace"
@@ -641,6 +642,10 @@ class Supervisor:
             how = f"the command stopped with exit status {code} within its {self.kill_grace:g}s grace"
         return Exit(code, interrupted=self.relay.interrupted(how, grace=self.kill_grace, waited=waited,
                                                              sigkill=killed))  # fmt: skip
+
+    def _say_stopping(self) -> None:
+        print(f"cronwarden: {self.relay.describe()} received; stopping {self.run.job} run "
+              f"{self.run.run_id} (SIGKILL after {self.kill_grace:g}s)", file=sys.stderr)  # fmt: skip
 
     def _stop(self, why: LeaseLost) -> Exit:
         """SIGTERM to the group, SIGKILL after the grace, reap."""
