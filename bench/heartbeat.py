@@ -48,9 +48,8 @@ from cronwarden.events import new_id
 from cronwarden.lease import Heartbeat, HeartbeatThread, Lease, renew_interval
 from cronwarden.stores import open_store
 from cronwarden.stores.base import Granted, Start, Store
+from namespaces import cleanup, url_for
 
-POSTGRES = os.environ.get("CRONWARDEN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL = 10.0
 TAKERS = 4
 """Helper threads (each with its own store) that take the leases."""
@@ -82,35 +81,6 @@ class Counting:
     def renew_many(self, leases: list[Lease]) -> list[object]:  # the Renews protocol
         self.calls += 1
         return self.store.renew_many(leases)  # type: ignore[return-value]
-
-
-def url_for(store: str, unique: str) -> str:
-    if store == "postgres":
-        return f"{POSTGRES}{'&' if '?' in POSTGRES else '?'}schema=cw_bench_{unique}"
-    return f"{REDIS}{'&' if '?' in REDIS else '?'}prefix=cw_bench_{unique}:"
-
-
-def cleanup(store: str, unique: str) -> None:
-    if store == "postgres":
-        import psycopg
-
-        with psycopg.connect(POSTGRES, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "cw_bench_{unique}" CASCADE')
-    else:
-        import redis
-
-        client = redis.Redis.from_url(REDIS)
-        try:
-            batch = []
-            for key in client.scan_iter(match=f"cw_bench_{unique}:*", count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    client.delete(*batch)
-                    batch.clear()
-            if batch:
-                client.delete(*batch)
-        finally:
-            client.close()
 
 
 def take(url: str, n: int, prefix: str, start_beat: Callable[[Lease, float], None]) -> None:

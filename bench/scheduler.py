@@ -52,12 +52,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import namespaces
 from cronwarden.events import EventKind
 from cronwarden.stores import open_store
 from cronwarden.stores.base import EventQuery
+from namespaces import cleanup
 
-POSTGRES = os.environ.get("CRONWARDEN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS = os.environ.get("CRONWARDEN_TEST_REDIS", "redis://127.0.0.1:6379/0")
 GRACE = "10s"
 MULTI_GRACE = "60s"
 """The default grace for the three instances: what is judged there is
@@ -69,32 +69,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 def url_for(store: str, unique: str, tmp: Path) -> str:
     if store == "sqlite":
         return f"sqlite:///{tmp / 'cw.db'}"
-    if store == "postgres":
-        return f"{POSTGRES}{'&' if '?' in POSTGRES else '?'}schema=cw_bench_{unique}"
-    return f"{REDIS}{'&' if '?' in REDIS else '?'}prefix=cw_bench_{unique}:"
-
-
-def cleanup(store: str, unique: str) -> None:
-    if store == "postgres":
-        import psycopg
-
-        with psycopg.connect(POSTGRES, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "cw_bench_{unique}" CASCADE')
-    elif store == "redis":
-        import redis
-
-        client = redis.Redis.from_url(REDIS)
-        try:
-            batch = []
-            for key in client.scan_iter(match=f"cw_bench_{unique}:*", count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    client.delete(*batch)
-                    batch.clear()
-            if batch:
-                client.delete(*batch)
-        finally:
-            client.close()
+    return namespaces.url_for(store, unique)
 
 
 def write_config(path: Path, jobs: int) -> None:
