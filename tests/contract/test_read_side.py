@@ -356,3 +356,28 @@ def test_latest_events_of_every_job_are_what_each_jobs_own_read_gives(store: Sto
         assert found["never-ran"] == []
         assert all(len(found[job]) <= limit for job in jobs)
     assert all(len(store.latest_events(jobs[:3], kinds, 1)[job]) == 1 for job in jobs[:3])
+
+
+def test_latest_runs_of_many_jobs_are_what_each_jobs_own_read_gives(store: Store) -> None:
+    """``latest_runs`` (the windows of the jobs whose rollup cannot say if
+    they are failing, one read per pass) returns for each job what
+    ``runs(job, limit)`` does: the newest start first, open runs too, at
+    most ``limit``."""
+    import random
+
+    rng = random.Random(16)
+    jobs = ["backup", "report", "vacuum"]
+    for i in range(36):
+        job = jobs[i % 3]
+        g = granted(store.acquire(start(job, at=T0 + 10 * i + rng.random())))
+        if i < 33:  # the last run of each job stays open
+            outcome = rng.choice((Outcome.SUCCEEDED, Outcome.FAILED))
+            store.finish(g.lease, end(outcome, at=T0 + 10 * i + 5, exit_code=int(outcome is Outcome.FAILED)))
+    asked = ["vacuum", "never-ran", "backup"]
+    for limit in (1, 5, 50):
+        found = store.latest_runs(asked, limit)
+        assert set(found) == set(asked) and found["never-ran"] == []
+        for job in asked:
+            assert found[job] == store.runs(job, limit), (job, limit)
+        assert len(found["backup"]) == min(limit, 12) and found["backup"][0].outcome is None
+    assert store.latest_runs([], 50) == {}

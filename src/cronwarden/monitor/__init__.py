@@ -133,6 +133,20 @@ __all__ = [
 
 
 @dataclass(frozen=True, kw_only=True)
+class _Reads:
+    """What a pass reads once for every job (``Monitor._reads``)."""
+
+    rollups: Mapping[str, Rollup]
+    pauses: Mapping[str, list[Event]]
+    """Each job's newest pause event (``Monitor._pauses``)."""
+    attempts: Mapping[str, list[Any]]
+    """Each rollup's ``attempts``, decoded."""
+    windows: Mapping[str, list[RunRecord]]
+    """The window's runs (``Store.runs``) of each job whose ``failing`` its
+    rollup cannot decide (``Monitor._window_decides``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pass:
     """What one evaluation pass found and recorded."""
 
@@ -344,32 +358,44 @@ class Monitor:
         return self.store.rollups() or {}
 
     def _job_stats(
-        self,
-        job: str,
-        info: JobInfo | None,
-        now: float,
-        opened: list[RunRecord],
-        rollups: dict[str, Rollup],
-        pauses: Mapping[str, list[Event]] | None = None,
-        attempts: Mapping[str, list[Any]] | None = None,
+        self, job: str, info: JobInfo | None, now: float, opened: list[RunRecord], reads: _Reads
     ) -> JobStats:
         """One job's statistics: from its rollup if that answers them, else
-        from the ledger. ``pauses``: every job's newest pause event, read
-        once for a pass (``_pauses``); ``attempts``: every rollup's attempts,
-        decoded once for a pass (``_attempts``)."""
-        rollup = rollups.get(job)
+        from the ledger. ``reads``: what the pass read once for every job."""
+        rollup = reads.rollups.get(job)
         if rollup is not None and not opened:
-            fast = self._from_rollup(job, info, now, rollup, None if attempts is None else attempts[job])
+            fast = self._from_rollup(job, info, now, rollup, reads)
             if fast is not None:
-                return self._with_pause(fast, pauses)
-        return self._with_pause(self._read(job, info, now, opened), pauses)
+                return self._with_pause(fast, reads.pauses)
+        return self._with_pause(self._read(job, info, now, opened), reads.pauses)
+
+    def _reads(
+        self, known: Mapping[str, JobInfo | None], rollups: dict[str, Rollup], opened: Mapping[str, Any]
+    ) -> _Reads:
+        """What a pass over ``known`` reads once for every job rather than
+        once per job (``opened``: the jobs with open runs, which are read
+        from the ledger)."""
+        # Every rollup's attempts decoded in one json.loads: one call per job costs more than the parsing.
+        decoded = json.loads("[" + ",".join(r.attempts for r in rollups.values()) + "]")
+        ordered = [job for job, r in rollups.items() if job in known and job not in opened
+                   and self._window_decides(r, self.rules_of(job))]  # fmt: skip
+        return _Reads(
+            rollups=rollups,
+            pauses=self._pauses(list(known)),
+            attempts=dict(zip(rollups, decoded, strict=True)),
+            windows=self.store.latest_runs(ordered, self.thresholds.runs) if ordered else {},
+        )
 
     @staticmethod
-    def _attempts(rollups: Mapping[str, Rollup]) -> dict[str, list[Any]]:
-        """Every rollup's ``attempts`` decoded, in one ``json.loads`` for a
-        pass (one call per job costs more than the parsing)."""
-        decoded = json.loads("[" + ",".join(r.attempts for r in rollups.values()) + "]")
-        return dict(zip(rollups, decoded, strict=True))
+    def _window_decides(r: Rollup, rules: JobRules) -> bool:
+        """Whether ``failing`` depends on the order of the window's runs: a
+        bad ending in it, not followed by enough successes for the rollup's
+        counts alone to say it is over."""
+        outcomes = r.w_outcomes
+        need = rules.recovery_threshold
+        return any(outcomes.get(o, 0) for o in ROLLUP_BAD_OUTCOMES) and (
+            r.good_in_a_row < need or outcomes.get(Outcome.SUCCEEDED, 0) < need
+        )
 
     def _pauses(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
         """Each job's newest pause event, in one read for a pass."""
@@ -397,7 +423,7 @@ class Monitor:
         return dataclasses.replace(stats, paused=last.kind is not EventKind.JOB_RESUMED, last_attempt=attempt)
 
     def _from_rollup(
-        self, job: str, info: JobInfo | None, now: float, r: Rollup, attempts: list[Any] | None = None
+        self, job: str, info: JobInfo | None, now: float, r: Rollup, reads: _Reads | None = None
     ) -> JobStats | None:
         """The statistics ``_read`` would compute, from the job's rollup, or
         None where the rollup cannot say (the ledger is read then): a stale
@@ -406,9 +432,9 @@ class Monitor:
         older than ``days``, skips or overlap events the row does not hold.
         A window with a bad ending that enough successes have not followed
         reads the window's runs (not its events) for ``failing``, whose
-        streaks depend on their order. ``attempts``: ``r.attempts`` decoded
-        (``_attempts``), if the caller has. The job has no open run (the
-        caller checks)."""
+        streaks depend on their order. ``reads``: the pass's reads for every
+        job (``_reads``), if the caller has them. The job has no open run
+        (the caller checks)."""
         t = self.thresholds
         since = now - t.days * 86400
         if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
@@ -425,17 +451,14 @@ class Monitor:
         rules = self.rules_of(job)
         outcomes = dict(r.w_outcomes)
         failing = None
-        if any(outcomes.get(o, 0) for o in ROLLUP_BAD_OUTCOMES):
-            # failing is decided without the window's order only once enough successes followed;
-            # else by the order of its runs: one bounded read of them, no events.
-            need = rules.recovery_threshold
-            if r.good_in_a_row < need or outcomes.get(Outcome.SUCCEEDED, 0) < need:
-                failing = _failing([x for x in self.store.runs(job, t.runs) if x.started_at >= since], rules)
+        if self._window_decides(r, rules):  # the window's runs, in order: one bounded read, no events
+            recent = reads.windows[job] if reads is not None else self.store.runs(job, t.runs)
+            failing = _failing([x for x in recent if x.started_at >= since], rules)
         period, schedule_error = self._period(info, now)
         schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
         if schedule is not None and period and schedule_error is None:
-            decoded = json.loads(r.attempts) if attempts is None else attempts
+            decoded = json.loads(r.attempts) if reads is None else reads.attempts[job]
             attempts = [(a[0], a[1]) for a in decoded if a[0] >= window_start]
             slots = newest_slot(attempts, schedule, period)
             if slots and slots[0][1] > 1:  # crowded, maybe: every slot's count, as the ledger gives them
@@ -462,14 +485,9 @@ class Monitor:
         by_job: dict[str, list[RunRecord]] = {}
         for r in opened:
             by_job.setdefault(r.job, []).append(r)
-        rollups = self._rollups()
         known = self.known_jobs(opened)
-        pauses = self._pauses(list(known))
-        attempts = self._attempts(rollups)
-        return [
-            self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses, attempts)
-            for name, info in known.items()
-        ]
+        reads = self._reads(known, self._rollups(), by_job)
+        return [self._job_stats(name, info, now, by_job.get(name, []), reads) for name, info in known.items()]
 
     # -- findings ---------------------------------------------------------
 
@@ -535,10 +553,9 @@ class Monitor:
         known = self.known_jobs(opened)
         # Every job's finding states in one read, not one per job.
         read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
-        pauses = self._pauses(list(known))
-        attempts = self._attempts(rollups)
+        reads = self._reads(known, rollups, by_job)
         for name, info in known.items():
-            stats = self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses, attempts)
+            stats = self._job_stats(name, info, now, by_job.get(name, []), reads)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:

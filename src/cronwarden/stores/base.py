@@ -492,6 +492,17 @@ class Store(abc.ABC):
         :raises StoreError: the store is not usable
         """
 
+    def latest_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        """For each of ``jobs``, what ``runs(job, limit)`` returns, by job. A
+        store with a round trip per read answers in one (the monitor reads
+        the windows of the jobs whose rollup cannot say if they are
+        failing). Here: one ``runs`` read per job.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return {job: self.runs(job, limit) for job in jobs}
+
     @abc.abstractmethod
     def run(self, run_id: str) -> RunRecord | None:
         """One run's record (``expires_in`` None), or None if no run has

@@ -122,6 +122,17 @@ FROM {s}.leases l JOIN {s}.runs r ON r.run_id = l.owner AND r.key = l.key
 WHERE r.outcome IS NULL
 ORDER BY r.started_at;
 
+-- name: latest_runs --
+-- Store.latest_runs: each of the jobs' latest %s runs, newest first, in one
+-- round trip: one bounded read of the index runs (job, started_at) per job.
+SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
+       r.exit_code, r.detail
+FROM unnest(%s::text[]) AS j(job)
+CROSS JOIN LATERAL (
+    SELECT * FROM {s}.runs WHERE runs.job = j.job ORDER BY started_at DESC LIMIT %s
+) AS r
+ORDER BY r.job, r.started_at DESC;
+
 -- name: open_runs_of_job --
 SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
        r.exit_code, r.detail, extract(epoch FROM l.expires - clock_timestamp())::float8
