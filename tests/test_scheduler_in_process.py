@@ -114,7 +114,9 @@ def test_a_killed_launcher_takes_its_commands_with_it_and_is_started_again(
         with Warden(sqlite, clock=clock, quiet=True) as warden:
             fires = InProcess(warden, say=lambda _line: None, launcher=launcher)
             long = fires(job("nap", [sys.executable, "-c", nap], ttl=3600.0), T0, None)
-            _wait_for(lambda: pidfile.exists() and pidfile.read_text())
+            # Said started while its command runs: the command holds none of
+            # the pipes the keeper reports through.
+            _wait_for(lambda: long.pid != 0 and pidfile.exists() and pidfile.read_text())
             command = int(pidfile.read_text())
             first = launcher.pid
             os.kill(first, signal.SIGKILL)

@@ -424,7 +424,11 @@ def _receive(sock: socket.socket) -> tuple[tuple[list[str], dict[str, str]], lis
     """One request: the command and its environment, and the descriptors
     sent with it (close-on-exec, so the command inherits only the marker,
     which ``_keep`` makes inheritable); None at EOF."""
-    head, fds, _flags, _addr = socket.recv_fds(sock, HEADER.size, 3, socket.MSG_CMSG_CLOEXEC)
+    head, fds, _flags, _addr = socket.recv_fds(sock, HEADER.size, 3)
+    for fd in fds:
+        # Received inheritable: a command holding the report pipe would keep
+        # its reader waiting until the command ends.
+        os.set_inheritable(fd, False)
     if not head:
         return None
     rest = _read_exactly(sock, HEADER.size - len(head))
