@@ -560,8 +560,8 @@ class SqliteStore(SqlStore):
                     data["detail"] = end.detail
                 if end.replaced_by:
                     data["replaced_by"] = end.replaced_by
-                if end.signal:
-                    data["signal"] = dict(end.signal)
+                if end.data:
+                    data.update(end.data)
                 data["duration"] = round(end.at - started[0], 6)
                 db.execute(
                     q["insert_event"],
