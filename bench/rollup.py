@@ -24,8 +24,11 @@ The end's cost: ``--ends`` acquire/finish pairs per round on a fresh job,
 ``finish`` alone timed, with and without the rollup in interleaved rounds
 (SQLite: its triggers dropped; PostgreSQL: ``ALTER TABLE … DISABLE
 TRIGGER``; Redis: the same scripts with the rollup's upkeep switched off);
-ratio = median of the rounds' medians. The machine may be busy: numbers are
-as measured.
+ratio = median of the rounds' medians. Beside them, the least any rollup
+costs an end: the same store with the rollup off and, in its place, one
+counter of the job's row incremented (a trigger; on Redis, one HINCRBY in
+the finish script): what the end pays for writing a third row at all. The
+machine may be busy: numbers are as measured.
 
     python bench/rollup.py                 # every store, full size (several minutes)
     python bench/rollup.py --quick         # a tenth of the jobs, few ends
