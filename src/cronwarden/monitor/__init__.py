@@ -81,6 +81,7 @@ from cronwarden.monitor.stats import (
     Verdict,
     failing_of,
     find_overlaps,
+    manual_starts,
     newest_slot,
     parse_schedule,
     partition,
@@ -278,8 +279,13 @@ class Monitor:
             if last_start is not None and e.at < last_start:
                 break
             in_a_row += 1
-        last_refusal = next((e.at for e in events if e.kind in ATTEMPT_KINDS), None)
-        last_attempt = max((x for x in (last_start, last_refusal) if x is not None), default=None)
+        # The last attempt at a slot (for missed): a manual start and its refusal are none.
+        manual = manual_starts(events)
+        scheduled = [r for r in window if r.run_id not in manual]
+        refused = [e for e in events if e.kind in ATTEMPT_KINDS and e.run_id not in manual]
+        last_scheduled = max((r.started_at for r in scheduled), default=None)
+        last_refusal = next((e.at for e in refused), None)
+        last_attempt = max((x for x in (last_scheduled, last_refusal) if x is not None), default=None)
 
         overlap_list = find_overlaps(window)
         overlapped = {o.run_id for o in overlap_list}
@@ -315,8 +321,8 @@ class Monitor:
         slots: tuple[tuple[float, int], ...] = ()
         if schedule is not None and period and schedule_error is None:
             # Queued starts are not counted: each one is counted when it starts.
-            attempts = [(r.started_at, r.slot) for r in window]
-            attempts += [(e.at, None) for e in events if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
+            attempts = [(r.started_at, r.slot) for r in scheduled]
+            attempts += [(e.at, None) for e in refused if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
             slots = slot_counts(attempts, schedule, period)
 
         return JobStats(
@@ -352,14 +358,18 @@ class Monitor:
         rollups: dict[str, Rollup],
         pauses: Mapping[str, list[Event]] | None = None,
         attempts: Mapping[str, list[Any]] | None = None,
+        triggers: Mapping[str, list[Event]] | None = None,
     ) -> JobStats:
         """One job's statistics: from its rollup if that answers them, else
         from the ledger. ``pauses``: every job's newest pause event, read
         once for a pass (``_pauses``); ``attempts``: every rollup's attempts,
-        decoded once for a pass (``_attempts``)."""
+        decoded once for a pass (``_attempts``); ``triggers``: every job's
+        newest manual start, read once for a pass (``_triggers``)."""
         rollup = rollups.get(job)
         if rollup is not None and not opened:
-            fast = self._from_rollup(job, info, now, rollup, None if attempts is None else attempts[job])
+            trigger = (triggers or {}).get(job, [])
+            fast = self._from_rollup(job, info, now, rollup, None if attempts is None else attempts[job],
+                                     trigger[0] if trigger else None)  # fmt: skip
             if fast is not None:
                 return self._with_pause(fast, pauses)
         return self._with_pause(self._read(job, info, now, opened), pauses)
@@ -374,6 +384,10 @@ class Monitor:
     def _pauses(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
         """Each job's newest pause event, in one read for a pass."""
         return self.store.latest_events(jobs, PAUSE_KINDS, 1)
+
+    def _triggers(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
+        """Each job's newest manual start (``triggered``), in one read for a pass."""
+        return self.store.latest_events(jobs, (EventKind.TRIGGERED,), 1)
 
     def _with_pause(self, stats: JobStats, pauses: Mapping[str, list[Event]] | None = None) -> JobStats:
         """A scheduled job's pause (``cronwarden pause``), one indexed read:
@@ -397,22 +411,35 @@ class Monitor:
         return dataclasses.replace(stats, paused=last.kind is not EventKind.JOB_RESUMED, last_attempt=attempt)
 
     def _from_rollup(
-        self, job: str, info: JobInfo | None, now: float, r: Rollup, attempts: list[Any] | None = None
+        self,
+        job: str,
+        info: JobInfo | None,
+        now: float,
+        r: Rollup,
+        attempts: list[Any] | None = None,
+        trigger: Event | None = None,
     ) -> JobStats | None:
         """The statistics ``_read`` would compute, from the job's rollup, or
         None where the rollup cannot say (the ledger is read then): a stale
         row, a window with a flagged run (an abandoned run, another lease
         key, a start before an earlier end: an overlap to find), a window
-        older than ``days``, skips or overlap events the row does not hold.
+        older than ``days``, skips or overlap events the row does not hold,
+        a manual start (``trigger``, the job's newest) that may be among the
+        attempts the row keeps (it counts them all; a manual one is none).
         A window with a bad ending that enough successes have not followed
         reads the window's runs (not its events) for ``failing``, whose
         streaks depend on their order. ``attempts``: ``r.attempts`` decoded
         (``_attempts``), if the caller has. The job has no open run (the
         caller checks)."""
+        import math
+
         t = self.thresholds
         since = now - t.days * 86400
         if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
             return None
+        decoded = json.loads(r.attempts) if attempts is None else attempts
+        if trigger is not None and trigger.at >= min((a[0] for a in decoded), default=-math.inf):
+            return None  # its triggered event is written after its start or refusal
         window_start = r.w_oldest if r.w_runs >= t.runs else since
         times = r.skip_times
         if len(times) < r.skips and (not times or times[0] >= window_start):
@@ -435,7 +462,6 @@ class Monitor:
         schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
         if schedule is not None and period and schedule_error is None:
-            decoded = json.loads(r.attempts) if attempts is None else attempts
             attempts = [(a[0], a[1]) for a in decoded if a[0] >= window_start]
             slots = newest_slot(attempts, schedule, period)
             if slots and slots[0][1] > 1:  # crowded, maybe: every slot's count, as the ledger gives them
@@ -464,10 +490,10 @@ class Monitor:
             by_job.setdefault(r.job, []).append(r)
         rollups = self._rollups()
         known = self.known_jobs(opened)
-        pauses = self._pauses(list(known))
+        pauses, triggers = self._pauses(list(known)), self._triggers(list(known))
         attempts = self._attempts(rollups)
         return [
-            self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses, attempts)
+            self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses, attempts, triggers)
             for name, info in known.items()
         ]
 
@@ -535,10 +561,11 @@ class Monitor:
         known = self.known_jobs(opened)
         # Every job's finding states in one read, not one per job.
         read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
-        pauses = self._pauses(list(known))
+        pauses, triggers = self._pauses(list(known)), self._triggers(list(known))
         attempts = self._attempts(rollups)
         for name, info in known.items():
-            stats = self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses, attempts)
+            mine = by_job.get(name, [])
+            stats = self._job_stats(name, info, now, mine, rollups, pauses, attempts, triggers)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:
