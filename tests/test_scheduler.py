@@ -200,6 +200,25 @@ def test_a_cron_without_a_time_zone_follows_the_hosts_daylight_saving(
     assert fires == ["10-24 00:00", "10-25 00:00", "10-26 01:00", "10-27 01:00"]
 
 
+@pytest.mark.parametrize(
+    ("text", "tz"),
+    [("*/30 * * * *", "Europe/Berlin"), ("30 2 * * *", "Europe/Berlin"),
+     ("15,45 1-3 * * *", "America/New_York"), ("0 0 * * 0", None), ("every 7m", None), ("every 1.1s", None)],
+)  # fmt: skip
+def test_fires_walks_the_fire_times_next_fire_gives_one_by_one(text: str, tz: str | None) -> None:
+    """Through both of 2026's daylight-saving changes in Europe and America:
+    the one walk gives what asking ``next_fire`` again and again gives."""
+    sched = Schedule.parse(text, tz)
+    for day in (datetime(2026, 3, 8, tzinfo=UTC), datetime(2026, 3, 29, tzinfo=UTC),
+                datetime(2026, 10, 25, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)):  # fmt: skip
+        after = day.timestamp() - 3 * 3600 + 0.25
+        walked = list(itertools.islice(sched.fires(after), 40))
+        one_by_one = [t := sched.next_fire(after)]
+        while len(one_by_one) < 40:
+            one_by_one.append(t := sched.next_fire(t))
+        assert walked == one_by_one and walked[0] > after
+
+
 def test_an_instance_started_in_the_repeated_hour_fires_the_slot_still_in_grace(sqlite_store: Store) -> None:
     """Started at 01:00:30Z on 2026-10-25, the second 03:00 in Berlin: the
     slot within the grace is 01:00Z, not the first pass's 00:00Z."""

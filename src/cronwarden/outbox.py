@@ -410,6 +410,8 @@ class _Loop:
                     flow, task, outcome = self.answers.get(timeout=left)
                 except queue.Empty:
                     continue  # the deadline, seen at the top
+                if outcome is not None and self.clock.monotonic() >= self.deadline:
+                    continue  # cut by the deadline: left in flight, for time_up to abandon
                 self.step(flow, functools.partial(flow.answered, task, outcome))
         finally:
             # A stop, or anything else on the way out: nothing keeps posting.
@@ -458,13 +460,16 @@ class _Loop:
         threading.Thread(target=deliver, name=f"cronwarden-sink-{sink.name}", daemon=True).start()
 
     def time_up(self) -> None:
-        # Answers that came in with the deadline still count.
+        # Answers that came in with the deadline still count, but not a
+        # failure: a call's timeout is at most the time the flush had left,
+        # so a slow receiver's last call times out at the deadline itself,
+        # which says nothing against the sink. It is abandoned with the rest.
         while True:
             try:
                 flow, task, outcome = self.answers.get_nowait()
             except queue.Empty:
                 break
-            if flow.inflight.get(task.lane) is task:
+            if outcome is None and flow.inflight.get(task.lane) is task:
                 self.step(flow, functools.partial(flow.answered, task, outcome))
         for flow in self.flows:
             if not flow.finished():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from itertools import pairwise
@@ -130,6 +131,17 @@ class Schedule:
             return (self._index(after) + 1) * self.every
         start = datetime.fromtimestamp(after, self._zone())
         return float(next(self._iter(start)).timestamp())
+
+    def fires(self, after: float) -> Iterator[float]:
+        """The fire times strictly after ``after``, in order: ``next_fire``
+        again and again, in one cron walk rather than one per fire."""
+        if self.every is not None:
+            n = self._index(after) + 1
+            while True:
+                yield n * self.every
+                n += 1
+        for fire in self._iter(datetime.fromtimestamp(after, self._zone())):
+            yield float(fire.timestamp())
 
     def period(self, around: float | None = None) -> float:
         """Seconds between fires. For cron, the shortest gap among the next

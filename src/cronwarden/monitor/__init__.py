@@ -36,6 +36,8 @@ longer overlap.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +81,7 @@ from cronwarden.monitor.stats import (
     Verdict,
     failing_of,
     find_overlaps,
+    manual_starts,
     newest_slot,
     parse_schedule,
     partition,
@@ -86,6 +89,7 @@ from cronwarden.monitor.stats import (
     slot_counts,
 )
 from cronwarden.stores.base import EventQuery, Store, abandon_expired
+from cronwarden.stores.rollup import BAD_OUTCOMES as ROLLUP_BAD_OUTCOMES
 from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup
 
 STATE_KINDS: tuple[EventKind, ...] = (*FINDING_KINDS, *SNOOZE_KINDS)
@@ -275,8 +279,13 @@ class Monitor:
             if last_start is not None and e.at < last_start:
                 break
             in_a_row += 1
-        last_refusal = next((e.at for e in events if e.kind in ATTEMPT_KINDS), None)
-        last_attempt = max((x for x in (last_start, last_refusal) if x is not None), default=None)
+        # The last attempt at a slot (for missed): a manual start and its refusal are none.
+        manual = manual_starts(events)
+        scheduled = [r for r in window if r.run_id not in manual]
+        refused = [e for e in events if e.kind in ATTEMPT_KINDS and e.run_id not in manual]
+        last_scheduled = max((r.started_at for r in scheduled), default=None)
+        last_refusal = next((e.at for e in refused), None)
+        last_attempt = max((x for x in (last_scheduled, last_refusal) if x is not None), default=None)
 
         overlap_list = find_overlaps(window)
         overlapped = {o.run_id for o in overlap_list}
@@ -307,14 +316,13 @@ class Monitor:
                     stuck.append(Stuck(run=found, why=found.detail or "lease expired, no terminal record"))
                     stuck_ids.add(e.run_id)
 
-        failing = failing_of((r for r in reversed(recent) if r.outcome is not None), rules)
-        schedule = info.schedule if info and info.schedule else (f"every {format_duration(period)}" if period
-                                                                   else None)  # fmt: skip
+        failing = _failing(recent, rules)
+        schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
         if schedule is not None and period and schedule_error is None:
             # Queued starts are not counted: each one is counted when it starts.
-            attempts = [(r.started_at, r.slot) for r in window]
-            attempts += [(e.at, None) for e in events if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
+            attempts = [(r.started_at, r.slot) for r in scheduled]
+            attempts += [(e.at, None) for e in refused if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
             slots = slot_counts(attempts, schedule, period)
 
         return JobStats(
@@ -349,20 +357,37 @@ class Monitor:
         opened: list[RunRecord],
         rollups: dict[str, Rollup],
         pauses: Mapping[str, list[Event]] | None = None,
+        attempts: Mapping[str, list[Any]] | None = None,
+        triggers: Mapping[str, list[Event]] | None = None,
     ) -> JobStats:
         """One job's statistics: from its rollup if that answers them, else
         from the ledger. ``pauses``: every job's newest pause event, read
-        once for a pass (``_pauses``)."""
+        once for a pass (``_pauses``); ``attempts``: every rollup's attempts,
+        decoded once for a pass (``_attempts``); ``triggers``: every job's
+        newest manual start, read once for a pass (``_triggers``)."""
         rollup = rollups.get(job)
         if rollup is not None and not opened:
-            fast = self._from_rollup(job, info, now, rollup)
+            trigger = (triggers or {}).get(job, [])
+            fast = self._from_rollup(job, info, now, rollup, None if attempts is None else attempts[job],
+                                     trigger[0] if trigger else None)  # fmt: skip
             if fast is not None:
                 return self._with_pause(fast, pauses)
         return self._with_pause(self._read(job, info, now, opened), pauses)
 
+    @staticmethod
+    def _attempts(rollups: Mapping[str, Rollup]) -> dict[str, list[Any]]:
+        """Every rollup's ``attempts`` decoded, in one ``json.loads`` for a
+        pass (one call per job costs more than the parsing)."""
+        decoded = json.loads("[" + ",".join(r.attempts for r in rollups.values()) + "]")
+        return dict(zip(rollups, decoded, strict=True))
+
     def _pauses(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
         """Each job's newest pause event, in one read for a pass."""
         return self.store.latest_events(jobs, PAUSE_KINDS, 1)
+
+    def _triggers(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
+        """Each job's newest manual start (``triggered``), in one read for a pass."""
+        return self.store.latest_events(jobs, (EventKind.TRIGGERED,), 1)
 
     def _with_pause(self, stats: JobStats, pauses: Mapping[str, list[Event]] | None = None) -> JobStats:
         """A scheduled job's pause (``cronwarden pause``), one indexed read:
@@ -385,17 +410,36 @@ class Monitor:
         attempt = max(last.at, stats.last_attempt or last.at)
         return dataclasses.replace(stats, paused=last.kind is not EventKind.JOB_RESUMED, last_attempt=attempt)
 
-    def _from_rollup(self, job: str, info: JobInfo | None, now: float, r: Rollup) -> JobStats | None:
+    def _from_rollup(
+        self,
+        job: str,
+        info: JobInfo | None,
+        now: float,
+        r: Rollup,
+        attempts: list[Any] | None = None,
+        trigger: Event | None = None,
+    ) -> JobStats | None:
         """The statistics ``_read`` would compute, from the job's rollup, or
         None where the rollup cannot say (the ledger is read then): a stale
         row, a window with a flagged run (an abandoned run, another lease
         key, a start before an earlier end: an overlap to find), a window
-        older than ``days``, skips or overlap events the row does not hold.
-        The job has no open run (the caller checks)."""
+        older than ``days``, skips or overlap events the row does not hold,
+        a manual start (``trigger``, the job's newest) that may be among the
+        attempts the row keeps (it counts them all; a manual one is none).
+        A window with a bad ending that enough successes have not followed
+        reads the window's runs (not its events) for ``failing``, whose
+        streaks depend on their order. ``attempts``: ``r.attempts`` decoded
+        (``_attempts``), if the caller has. The job has no open run (the
+        caller checks)."""
+        import math
+
         t = self.thresholds
         since = now - t.days * 86400
         if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
             return None
+        decoded = json.loads(r.attempts) if attempts is None else attempts
+        if trigger is not None and trigger.at >= min((a[0] for a in decoded), default=-math.inf):
+            return None  # its triggered event is written after its start or refusal
         window_start = r.w_oldest if r.w_runs >= t.runs else since
         times = r.skip_times
         if len(times) < r.skips and (not times or times[0] >= window_start):
@@ -407,19 +451,18 @@ class Monitor:
             return None
         rules = self.rules_of(job)
         outcomes = dict(r.w_outcomes)
-        if any(outcomes.get(o.value, 0) for o in BAD_OUTCOMES):
-            # failing: decided without the window's order only once enough successes followed
+        failing = None
+        if any(outcomes.get(o, 0) for o in ROLLUP_BAD_OUTCOMES):
+            # failing is decided without the window's order only once enough successes followed;
+            # else by the order of its runs: one bounded read of them, no events.
             need = rules.recovery_threshold
             if r.good_in_a_row < need or outcomes.get(Outcome.SUCCEEDED, 0) < need:
-                return None
+                failing = _failing([x for x in self.store.runs(job, t.runs) if x.started_at >= since], rules)
         period, schedule_error = self._period(info, now)
-        schedule = info.schedule if info and info.schedule else (f"every {format_duration(period)}" if period
-                                                                   else None)  # fmt: skip
+        schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
         if schedule is not None and period and schedule_error is None:
-            import json
-
-            attempts = [(a[0], a[1]) for a in json.loads(r.attempts) if a[0] >= window_start]
+            attempts = [(a[0], a[1]) for a in decoded if a[0] >= window_start]
             slots = newest_slot(attempts, schedule, period)
             if slots and slots[0][1] > 1:  # crowded, maybe: every slot's count, as the ledger gives them
                 slots = slot_counts(attempts, schedule, period)
@@ -435,7 +478,7 @@ class Monitor:
             lease_losses=outcomes.get(Outcome.LEASE_LOST, 0),
             skips=skips, skips_in_a_row=r.skips_in_a_row, overlaps=0, open_runs=0,
             last_start=r.last_start, last_attempt=last_attempt, last_success=r.w_last_success,
-            rules=rules, failing=None, slots=slots,
+            rules=rules, failing=failing, slots=slots,
         )  # fmt: skip
 
     def audit(self) -> list[JobStats]:
@@ -447,9 +490,10 @@ class Monitor:
             by_job.setdefault(r.job, []).append(r)
         rollups = self._rollups()
         known = self.known_jobs(opened)
-        pauses = self._pauses(list(known))
+        pauses, triggers = self._pauses(list(known)), self._triggers(list(known))
+        attempts = self._attempts(rollups)
         return [
-            self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses)
+            self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses, attempts, triggers)
             for name, info in known.items()
         ]
 
@@ -517,9 +561,11 @@ class Monitor:
         known = self.known_jobs(opened)
         # Every job's finding states in one read, not one per job.
         read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
-        pauses = self._pauses(list(known))
+        pauses, triggers = self._pauses(list(known)), self._triggers(list(known))
+        attempts = self._attempts(rollups)
         for name, info in known.items():
-            stats = self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses)
+            mine = by_job.get(name, [])
+            stats = self._job_stats(name, info, now, mine, rollups, pauses, attempts, triggers)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:
@@ -603,6 +649,24 @@ class Monitor:
         )  # fmt: skip
         self.store.record(event)
         return event
+
+
+@functools.lru_cache(maxsize=256)
+def _every(period: float) -> str:
+    return f"every {format_duration(period)}"
+
+
+def _schedule_text(info: JobInfo | None, period: float | None) -> str | None:
+    """The schedule a job's statistics show: its own text, else its period
+    as ``every …`` (formatted once per period: a pass asks thousands of times)."""
+    if info is not None and info.schedule:
+        return info.schedule
+    return _every(period) if period else None
+
+
+def _failing(recent: Sequence[RunRecord], rules: JobRules) -> Failing | None:
+    """``failing`` over a window's runs (newest first, as ``Store.runs``)."""
+    return failing_of((r for r in reversed(recent) if r.outcome is not None), rules)
 
 
 def _kept(last: Event) -> Condition:

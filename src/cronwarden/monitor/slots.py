@@ -1,7 +1,8 @@
 """The slot ledger: for a job with a schedule, every expected fire time (a
 slot) in a span gets exactly one decision, derived from the ledger.
 
-Each attempt on record is counted for one slot: a run for the slot it was
+Each attempt on record is counted for one slot (a manual start, by
+``cronwarden trigger``, is none: it serves no slot): a run for the slot it was
 started for (``RunRecord.slot``), a scheduler's decision (``paused``,
 ``misfired``, ``missed``) for the slot in its data, any other (a skip, a
 queued start, a run with no slot) for the fire at or before it, where a start
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronwarden.events import Event, EventKind, RunRecord
-from cronwarden.monitor.stats import parse_schedule
+from cronwarden.monitor.stats import manual_starts, parse_schedule
 
 SLOT_EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind.SKIPPED,
@@ -40,11 +41,15 @@ SLOT_EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind.MISFIRED,
     EventKind.MISSED,
     EventKind.BACKFILLED,
+    EventKind.TRIGGERED,
 )
-"""The events a slot's decision is read from, besides the runs."""
+"""The events a slot's decision is read from, besides the runs (and the
+manual starts, which ``decide`` leaves out)."""
 
 RANK = ("ran", "backfilled", "late", "queued", "skipped", "paused", "misfired", "missed", "due")
 """Decisions, best first: a slot's decision is its best attempt."""
+
+_RANK = {decision: i for i, decision in enumerate(RANK)}
 
 MOST_SLOTS = 10_000
 """The longest span listed at once (a week of one-minute slots)."""
@@ -72,12 +77,11 @@ class SlotDecision:
 
 def expected_slots(schedule: str, since: float, until: float, most: int = MOST_SLOTS) -> list[float]:
     """The fire times in (since, until], oldest first, at most the newest ``most``."""
-    sched = parse_schedule(schedule)
     out: list[float] = []
-    t = sched.next_fire(since)
-    while t <= until:
+    for t in parse_schedule(schedule).fires(since):
+        if t > until:
+            break
         out.append(t)
-        t = sched.next_fire(t)
     return out[-most:]
 
 
@@ -92,13 +96,20 @@ def decide(
 ) -> list[SlotDecision]:
     """One decision per slot of ``slots`` (oldest first), from the runs and
     the ``SLOT_EVENT_KINDS`` events around them. Attempts that belong to no
-    listed slot are left out."""
+    listed slot are left out, and so are the manual starts (``cronwarden
+    trigger``: a run, or its refusal, with a ``triggered`` event among
+    ``events``): they serve no slot, as for the monitor's ``missed``."""
     sched = parse_schedule(schedule)
     early = min(60.0, period / 10)
     listed = set(slots)
     events = list(events)
+    manual = manual_starts(events)
+    runs = [r for r in runs if r.run_id not in manual]
+    events = [e for e in events if e.kind is not EventKind.TRIGGERED and e.run_id not in manual]
     backfilled = {e.data.get("run_id") for e in events if e.kind is EventKind.BACKFILLED}
-    attempts: dict[float, list[tuple[int, SlotDecision]]] = {}
+    # Per slot, its attempts as (rank, at, decision, run id, outcome, late by): the best of
+    # them becomes the slot's decision, the others its ``extra``.
+    attempts: dict[float, list[tuple[int, float, str, str | None, str | None, float | None]]] = {}
 
     def slot_of(at: float, recorded: Any) -> float:
         return float(recorded) if isinstance(recorded, int | float) else float(sched.slot(at + early))
@@ -110,9 +121,8 @@ def decide(
         late = r.started_at - s
         kind = "ran" if late <= grace else "backfilled" if r.run_id in backfilled else "late"
         outcome = r.outcome.value if r.outcome is not None else "running"
-        d = SlotDecision(slot=s, decision=kind, run_id=r.run_id, at=r.started_at, outcome=outcome,
-                         late_by=round(late, 3) if kind != "ran" else None)  # fmt: skip
-        attempts.setdefault(s, []).append((RANK.index(kind), d))
+        late_by = round(late, 3) if kind != "ran" else None
+        attempts.setdefault(s, []).append((_RANK[kind], r.started_at, kind, r.run_id, outcome, late_by))
     for e in events:
         if (e.kind is EventKind.MISSED and "state" in e.data) or e.kind is EventKind.BACKFILLED:
             continue  # the monitor's finding, or what a run (counted above) was
@@ -121,18 +131,18 @@ def decide(
             continue
         kind = {EventKind.QUEUE_FULL: "skipped"}.get(e.kind, e.kind.value)
         said = e.data.get("late_by")
-        d = SlotDecision(slot=s, decision=kind, run_id=e.data.get("holder_run_id"), at=e.at,
-                         late_by=float(said) if isinstance(said, int | float) else None)  # fmt: skip
-        attempts.setdefault(s, []).append((RANK.index(kind), d))
+        late_by = float(said) if isinstance(said, int | float) else None
+        holder = e.data.get("holder_run_id")
+        attempts.setdefault(s, []).append((_RANK[kind], e.at, kind, holder, None, late_by))
 
     out: list[SlotDecision] = []
     for s in slots:
-        found = sorted(attempts.get(s, []), key=lambda a: (a[0], a[1].at or 0.0))
+        found = sorted(attempts.get(s, []), key=lambda a: (a[0], a[1]))
         if not found:
             out.append(SlotDecision(slot=s, decision="missed" if now >= s + grace else "due"))
             continue
-        best = found[0][1]
-        extra = tuple(f"{d.decision}:{d.run_id or '-'}" for _, d in found[1:])
-        out.append(SlotDecision(slot=best.slot, decision=best.decision, run_id=best.run_id, at=best.at,
-                                outcome=best.outcome, late_by=best.late_by, extra=extra))  # fmt: skip
+        _, at, decision, run_id, ended, late_by = found[0]
+        extra = tuple(f"{a[2]}:{a[3] or '-'}" for a in found[1:])
+        out.append(SlotDecision(slot=s, decision=decision, run_id=run_id, at=at, outcome=ended,
+                                late_by=late_by, extra=extra))  # fmt: skip
     return out

@@ -129,10 +129,11 @@ class End(NamedTuple):
     detail: str = ""
     replaced_by: str | None = None
     """Outcome replaced: the run that took over."""
-    signal: Mapping[str, object] | None = None
-    """Outcome interrupted by a signal: what is known of it (the signal, its
-    sender, the grace, whether SIGKILL followed), kept as the end event's
-    ``signal``."""
+    data: Mapping[str, object] | None = None
+    """More fields of the end event, kept with the others in its data:
+    outcome interrupted by a signal, ``signal`` (what is known of it: the
+    signal, its sender, the grace, whether SIGKILL followed); outcome
+    stopped, ``by`` and ``reason`` (who asked, why: as the request said)."""
 
 
 class Finished(NamedTuple):

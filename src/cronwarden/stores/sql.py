@@ -340,9 +340,9 @@ class SqlStore(Store):
         changed meanwhile."""
 
     def rollups(self) -> dict[str, Rollup] | None:
-        from cronwarden.stores.rollup import from_row
+        from cronwarden.stores.rollup import from_rows
 
-        return {row[0]: from_row(row) for row in self._fetch(self._shared["rollups"], ())}
+        return from_rows(self._fetch(self._shared["rollups"], ()))
 
     def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
         from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold

@@ -397,8 +397,8 @@ class RedisStore(Store):
             data += f',"detail":{detail}'
         if end.replaced_by:
             data += f',"replaced_by":{json.dumps(end.replaced_by)}'
-        if end.signal:
-            data += f',"signal":{json.dumps(dict(end.signal), separators=(",", ":"))}'
+        if end.data:
+            data += "," + json.dumps(dict(end.data), separators=(",", ":"))[1:-1]
         side = is_side_lease(lease.key, lease.run_id)
         kind = end.outcome.event.value
         fields = [lease.run_id, lease.job, lease.key, kind, ending, repr(at), ordhex(at), data, new_id(),
