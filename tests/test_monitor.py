@@ -404,3 +404,36 @@ def test_cli_monitor_once_prints_each_raised_finding_and_records_it(
     assert len(lines) == 1
     assert f" raised {JOB} grace_too_wide: grace 10m ≥ period 10m" in lines[0]
     assert states(store, EventKind.GRACE_TOO_WIDE) == [RAISED]
+
+
+@pytest.mark.parametrize("use_rollups", [True, False], ids=["rollup", "ledger"])
+def test_a_manual_run_is_no_attempt_at_a_slot_for_missed_nor_for_the_slot_ledger(
+    store: Store, mclock: FakeClock, use_rollups: bool
+) -> None:
+    """A run started by hand (cronwarden trigger) after a slot nothing
+    started does not stand in for it: the monitor reports the slot missed,
+    and the slot ledger (history --slots, the dashboard's strip) says missed."""
+    from cronwarden.control import triggered
+    from cronwarden.events import new_id
+    from cronwarden.monitor.views import slot_decisions, slot_items
+    from cronwarden.stores.base import Start
+
+    monitor = Monitor(store, clock=mclock, use_rollups=use_rollups)
+    slot = aligned(mclock.wall() - 3600)
+    info = describe(store, JOB, at=slot - 60, grace=120.0)
+    run(store, JOB, slot + 1, 30)
+    next_due = slot + PERIOD
+    by_hand = Start(job=JOB, key=JOB, run_id=new_id(), host="host-a", pid=4242, ttl=3600.0,
+                    at=next_due + 60, policy=Policy.SKIP, slot=None)  # fmt: skip
+    lease = lease_of(store.acquire(by_hand))
+    store.record(triggered(JOB, by_hand.run_id, by="alice@ops-1", reason="needed now", at=by_hand.at + 0.01))
+    end(store, lease, by_hand.at + 5)
+
+    mclock.advance(next_due + 121 - mclock.wall())
+    [missed] = [c for c in monitor.evaluate(record=False).active if c.rule is EventKind.MISSED]
+
+    assert missed.data["slot"] == next_due and missed.data["last_start"] == slot + 1
+    ledger = {i["slot"]: i["decision"] for i in slot_items(store, JOB, info, mclock.wall())}
+    assert (ledger[slot], ledger[next_due]) == ("ran", "missed")
+    strip = slot_decisions(store, monitor.stats(JOB), slot - 1, 10)
+    assert [(d.slot, d.decision) for d in strip] == [(slot, "ran"), (next_due, "missed")]

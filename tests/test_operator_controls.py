@@ -90,7 +90,11 @@ def test_trigger_under_skip_while_held_records_the_manual_start_skipped_with_the
                "--config", str(tmp_path / "cronwarden.toml"), env=env)  # fmt: skip
 
     assert done.returncode == 1, done.stderr
-    assert f"run {held.run_id} (host other" in done.stderr
+    said = done.stderr.strip()
+    assert said.startswith(f"cronwarden: manual start of held refused because run {held.run_id} holds the "
+                           "lease (host other, pid "), said  # fmt: skip
+    assert said.endswith("; per policy skip, recorded as skipped"), said
+    assert "slot" not in said, "a manual start serves no slot"
     with open_store(store_url) as store:
         [skipped] = store.events(EventQuery(job="held", kinds=[EventKind.SKIPPED]))
         [manual] = store.events(EventQuery(job="held", kinds=[EventKind.TRIGGERED]))
@@ -152,6 +156,14 @@ def test_stop_of_a_run_on_another_host_kills_its_command_within_grace_and_a_rene
     assert who.endswith("@" + os.uname().nodename)
     assert run.detail == f"stopped by {who}: it holds the warehouse lock"
     assert stopped.run_id == held.run_id and stopped.data["detail"] == run.detail
+    # Who asked and why are fields of the stopped event, as of the request (and of a trigger).
+    assert (stopped.data["by"], stopped.data["reason"]) == (who, "it holds the warehouse lock")
+    [item] = json.loads(cli("history", "held", "--json", env=env).stdout)
+    assert item["stopped"] == {"by": who, "reason": "it holds the warehouse lock"}
+    shown = cli("history", "held", env=env).stdout
+    assert f"stopped by {who}: it holds the warehouse lock" in next(
+        x for x in shown.splitlines() if held.run_id in x
+    )
 
 
 def test_status_shows_a_stop_in_progress(tmp_path: Path, env: dict[str, str], store_url: str) -> None:
@@ -166,6 +178,33 @@ def test_status_shows_a_stop_in_progress(tmp_path: Path, env: dict[str, str], st
         assert shown.returncode == 0, shown.stderr
         line = next(x for x in shown.stdout.splitlines() if lease.run_id in x)
         assert "stop requested by alice@ops-1 at " in line
+
+
+def test_status_lists_paused_jobs_with_who_why_and_since_in_text_and_json(
+    env: dict[str, str], store_url: str
+) -> None:
+    at = time.time() - 60
+    with open_store(store_url) as store:
+        pause(store, "export", by="alice@ops-1", reason="the warehouse is migrating", at=at)
+        pause(store, "sync", by="bob@ops-2", reason="", at=at)
+        resume(store, "sync", by="bob@ops-2", reason="", at=at + 1)
+        lease = granted(store.acquire(start("held", host="other"))).lease
+
+    text = cli("status", env=env)
+    as_json = cli("status", "--json", env=env)
+
+    assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    assert (f"export: paused by alice@ops-1 at {since}: the warehouse is migrating (cronwarden resume "
+            "export)") in text.stdout.splitlines()  # fmt: skip
+    assert "sync" not in text.stdout, "resumed"
+    items = json.loads(as_json.stdout)
+    assert [(i["type"], i["job"]) for i in items] == [("run", "held"), ("paused", "export")]
+    assert items[0]["run_id"] == lease.run_id
+    assert items[1] == {"type": "paused", "job": "export", "by": "alice@ops-1",
+                        "reason": "the warehouse is migrating", "since": at}  # fmt: skip
+    only = json.loads(cli("status", "--json", "--job", "export", env=env).stdout)
+    assert [(i["type"], i["job"]) for i in only] == [("paused", "export")]
 
 
 def _instance(

@@ -21,6 +21,7 @@ from cronwarden.clock import FakeClock
 from cronwarden.config import JobSettings
 from cronwarden.events import EventKind, Outcome
 from cronwarden.guard import Warden
+from cronwarden.keeper import Launcher
 from cronwarden.scheduler import Fire, InProcess, ScheduledJob, Scheduler, slot_event_id
 from cronwarden.stores import open_store
 from cronwarden.stores.base import EventQuery, Store
@@ -69,6 +70,67 @@ def test_a_fire_is_a_guarded_run_of_this_process(sqlite: Store, clock: FakeClock
     assert run_id == run.run_id
     assert int(parent) == fire.pid, "the command's parent is its keeper, started by the Supervisor"
     assert any("started, pid" in line for line in lines) and any("ended: succeeded" in line for line in lines)
+
+
+PARENTS = (
+    "import os, sys\n"
+    "keeper = os.getppid()\n"
+    "stat = open(f'/proc/{keeper}/stat').read()\n"
+    "open(sys.argv[1], 'w').write(f\"{keeper} {stat.rsplit(')', 1)[1].split()[1]}\")\n"
+    "sys.exit(3)"
+)
+"""Writes the command's parent (its keeper) and the keeper's parent; exits 3."""
+
+
+def test_a_fire_through_the_launcher_is_kept_by_a_fork_of_the_launcher(sqlite: Store, clock: FakeClock,
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """The scheduler's fires: the keeper is forked by the launcher process,
+    not by this one, and the command's exit status comes back through it."""
+    out = tmp_path / "parents"
+    launcher = Launcher()
+    try:
+        with Warden(sqlite, clock=clock, quiet=True) as warden:
+            fires = InProcess(warden, say=lambda _line: None, launcher=launcher)
+            fire = fires(job("tick", [sys.executable, "-c", PARENTS, str(out)]), T0, None)
+            assert fire.wait(30) == 3
+            fires.close()
+        keeper, keepers_parent = map(int, out.read_text().split())
+        assert keeper == fire.pid and keepers_parent == launcher.pid != os.getpid()
+    finally:
+        launcher.close()
+    (run,) = sqlite.runs("tick")
+    assert run.outcome is Outcome.FAILED and run.exit_code == 3 and run.pid == os.getpid()
+
+
+def test_a_killed_launcher_takes_its_commands_with_it_and_is_started_again(
+    sqlite: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """kill -9 of the launcher: the running command's keeper kills its group
+    (the command is gone, its run ends); the next fire gets a new launcher."""
+    pidfile = tmp_path / "pid"
+    nap = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    launcher = Launcher()
+    try:
+        with Warden(sqlite, clock=clock, quiet=True) as warden:
+            fires = InProcess(warden, say=lambda _line: None, launcher=launcher)
+            long = fires(job("nap", [sys.executable, "-c", nap], ttl=3600.0), T0, None)
+            # Said started while its command runs: the command holds none of
+            # the pipes the keeper reports through.
+            _wait_for(lambda: long.pid != 0 and pidfile.exists() and pidfile.read_text())
+            command = int(pidfile.read_text())
+            first = launcher.pid
+            os.kill(first, signal.SIGKILL)
+            assert long.wait(30) == 128 + signal.SIGKILL
+            _wait_for(lambda: not alive(command), timeout=10)
+            after = fires(job("after", ["true"]), T0, None)
+            assert after.wait(30) == 0
+            fires.close()
+            assert launcher.pid != first
+    finally:
+        launcher.close()
+    assert [r.outcome for r in sqlite.runs("after")] == [Outcome.SUCCEEDED]
+    (run,) = sqlite.runs("nap")
+    assert run.outcome is Outcome.FAILED and run.exit_code == 128 + signal.SIGKILL
 
 
 def test_a_fire_reaching_its_start_past_the_grace_is_recorded_misfired(sqlite: Store, clock: FakeClock,

@@ -83,6 +83,12 @@ def describe_pause(pause: Event) -> str:
     return f"paused by {pause.data.get('by') or 'someone'} at {when(pause.at)}{why}"
 
 
+def paused_item(job: str, pause: Event) -> dict[str, object]:
+    """A paused job as ``status --json`` lists it: who paused it, why, since when."""
+    return {"type": "paused", "job": job, "by": pause.data.get("by"), "reason": pause.data.get("reason"),
+            "since": pause.at}  # fmt: skip
+
+
 def paused_jobs(store: Store, jobs: Iterable[str]) -> dict[str, Event]:
     """Of ``jobs``, those paused now, with the ``job_paused`` event that holds."""
     out = {}

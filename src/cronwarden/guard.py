@@ -549,7 +549,8 @@ class Guard:
             why = error
         at = self.clock.wall()
         if isinstance(why, StopRequested):
-            return End(outcome=Outcome.STOPPED, at=at, exit_code=exit_code, detail=self._stopped_by(run))
+            detail, asked = self._stopped_by(run)
+            return End(outcome=Outcome.STOPPED, at=at, exit_code=exit_code, detail=detail, data=asked)
         if isinstance(why, LeaseRevoked):
             return End(outcome=Outcome.REPLACED, at=at, exit_code=exit_code, detail=str(why),
                        replaced_by=why.by_run_id)  # fmt: skip
@@ -561,7 +562,7 @@ class Guard:
             return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=interrupted[:500])
         if isinstance(error, Interrupted):
             return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=str(error)[:500],
-                       signal=error.fields())  # fmt: skip
+                       data={"signal": error.fields()})  # fmt: skip
         if isinstance(error, KeyboardInterrupt):  # Ctrl-C in a with block or a decorated function
             detail = "SIGINT (KeyboardInterrupt)"
             return End(outcome=Outcome.INTERRUPTED, at=at, exit_code=exit_code, detail=detail)
@@ -572,8 +573,9 @@ class Guard:
             return End(outcome=Outcome.FAILED, at=at, exit_code=exit_code, detail=f"exit status {exit_code}")
         return End(outcome=Outcome.SUCCEEDED, at=at, exit_code=exit_code)
 
-    def _stopped_by(self, run: Run) -> str:
-        """Who asked the run to stop, and why: the stop request's event."""
+    def _stopped_by(self, run: Run) -> tuple[str, dict[str, object] | None]:
+        """Who asked the run to stop, and why, from the stop request's event:
+        the end's detail, and its ``by`` and ``reason`` (None when unknown)."""
         from cronwarden.events import EventKind
         from cronwarden.stores.base import EventQuery
 
@@ -581,12 +583,13 @@ class Guard:
         try:
             asked = self.warden.store.events(query)
         except StoreError:
-            return "stop requested (cronwarden stop); who asked could not be read from the store"
+            return "stop requested (cronwarden stop); who asked could not be read from the store", None
         if not asked:
-            return "stop requested (cronwarden stop)"
+            return "stop requested (cronwarden stop)", None
         data = asked[0].data
-        why = f": {data['reason']}" if data.get("reason") else ""
-        return f"stopped by {data.get('by') or 'someone'}{why}"[:500]
+        by, reason = str(data.get("by") or ""), str(data.get("reason") or "")
+        why = f": {reason}" if reason else ""
+        return f"stopped by {by or 'someone'}{why}"[:500], {"by": by, "reason": reason}
 
     def end(
         self,
@@ -1140,18 +1143,32 @@ def _guard_coroutine_function(
     return guarded
 
 
-def describe_refusal(job: str, refused: Refused, now: float) -> str:
+def describe_refusal(job: str, refused: Refused, now: float, *, manual: bool = False) -> str:
+    """The one line a refused start says. ``manual``: a start by hand
+    (``cronwarden trigger``), which serves no slot: the line says what
+    refused it and what was recorded instead."""
     h = refused.holder
+    from time import localtime, strftime
+
+    since = strftime("%Y-%m-%d %H:%M:%S", localtime(h.started_at))
+    age = format_duration(max(0.0, now - h.started_at))
+    if manual:
+        held = (f"run {h.run_id} holds the lease (host {printable(h.host)}, pid {h.pid}, since {since}, "
+                f"{age} ago)")  # fmt: skip
+        said = {
+            Refusal.SKIPPED: f"refused because {held}; per policy skip, recorded as skipped",
+            Refusal.QUEUED: f"queued because {held}; per policy queue, it runs when that run ends",
+            Refusal.QUEUE_FULL: f"refused because {held} and its queue is full; recorded as queue_full",
+            Refusal.REVOKING: f"refused because {held} and did not stop when replaced; recorded as skipped",
+        }[refused.refusal]
+        return f"cronwarden: manual start of {job} {said}"
     what = {
         Refusal.SKIPPED: "skipped",
         Refusal.QUEUED: "queued",
         Refusal.QUEUE_FULL: "not queued (queue full)",
         Refusal.REVOKING: "skipped (holder did not stop)",
     }[refused.refusal]
-    from time import localtime, strftime
-
-    since = strftime("%Y-%m-%d %H:%M:%S", localtime(h.started_at))
     return (
         f"cronwarden: {job} {what}: run {h.run_id} (host {printable(h.host)}, pid {h.pid}) has held it "
-        f"since {since}, {format_duration(max(0.0, now - h.started_at))} ago; this slot did no work"
+        f"since {since}, {age} ago; this slot did no work"
     )

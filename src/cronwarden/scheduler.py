@@ -12,7 +12,8 @@ A fire runs in the scheduler's process (``InProcess``): a start queue served
 by a bounded number of workers, each taking the run's lease through the same
 ``Guard`` as ``cronwarden run``, supervising the command with the same
 ``Supervisor`` (its own process group, a keeper that dies with the
-scheduler) and recording its end; every run's lease is renewed by the
+scheduler, forked by a small launcher process rather than by the scheduler
+itself: see ``keeper``) and recording its end; every run's lease is renewed by the
 warden's one heartbeat. No interpreter per fire. A job with ``detach = true``
 is fired as a ``cronwarden run --slot T`` child in a session of its own
 (``RunLauncher``), which outlives the scheduler.
@@ -51,6 +52,7 @@ from cronwarden.clock import SYSTEM_CLOCK, Clock
 from cronwarden.config import ENV_SCHEDULER_STORE, WITHHELD_FROM_COMMAND, JobSettings
 from cronwarden.errors import CronwardenError, StoreError, StoreUnavailable
 from cronwarden.events import Event, EventKind
+from cronwarden.keeper import Launcher
 from cronwarden.schedule import Schedule
 from cronwarden.stores.base import Store
 
@@ -499,9 +501,12 @@ class InProcess:
         instance: str = "",
         say: Callable[[str], None] = print,
         ended: Callable[[], None] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         """``ended`` is called after each run's end is recorded (the
-        scheduler delivers to the sinks then, as ``cronwarden run`` does)."""
+        scheduler delivers to the sinks then, as ``cronwarden run`` does).
+        ``launcher`` forks the commands' keepers (see ``keeper``); without
+        one each is a fork of this process."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.warden = warden
@@ -511,6 +516,7 @@ class InProcess:
         self.instance = instance
         self.say = say
         self.ended = ended
+        self.launcher = launcher
         self.claim: Callable[[ScheduledJob, float, str | None], str | None] | None = None
         """``Scheduler.claim_at_start``, when the scheduler leaves the claims
         to the fires."""
@@ -639,7 +645,7 @@ class InProcess:
 
         sup = Supervisor(run, fire.job.settings.command, env, kill_grace=options.kill_grace,
                          replace_grace=options.replace_grace, relay=fire.relay,
-                         on_started=started)  # fmt: skip
+                         on_started=started, launcher=self.launcher)  # fmt: skip
         try:
             exited = sup.execute()
         except CronwardenError as e:  # the command could not start (127, 126)

@@ -7,6 +7,7 @@ exits and a pipe the heartbeat writes to when the lease is lost; the only
 timed wake-ups are the deadlines themselves. The child's descriptor is a
 pidfd, or where ``pidfd_open`` fails (kernels before 5.3, seccomp sandboxes
 that refuse it, valgrind) a pipe only the child holds open (``_exit_descriptor``).
+The keeper itself is in ``keeper``.
 """
 
 from __future__ import annotations
@@ -17,18 +18,12 @@ import select
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from cronwarden.errors import Interrupted, LeaseLost, LeaseRevoked, StopRequested, UsageError
 from cronwarden.guard import Run
-
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-PARENT_DIED = signal.SIGUSR1
-"""What the kernel sends the keeper when the supervisor dies."""
+from cronwarden.keeper import FORWARDED, Launcher, _keep, _killpg, _prctl, exit_status
 
 
 class CommandNotFound(UsageError):
@@ -39,209 +34,8 @@ class CommandNotExecutable(UsageError):
     exit_code = 126
 
 
-def _prctl() -> Callable[..., int]:
-    import ctypes
-
-    prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    return prctl
-
-
-def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, held: int,
-          prctl: Callable[..., int], marker: int | None) -> int:  # fmt: skip
-    """The keeper: a fork of the supervisor (no exec) that starts the command
-    in a new process group and answers for the whole group.
-
-    ``PR_SET_PDEATHSIG`` reaches only the direct child of a process that
-    dies, so a command that is a shell script would leave its own children
-    running under a lease about to expire. The keeper is that direct child:
-    when the supervisor dies it SIGKILLs the command's group. It is also
-    the subreaper of everything the command starts, so every process of the
-    command is reaped here rather than left a zombie, and when the command
-    exits it stops what the command left behind, in its group or out of it
-    (``_sweep``): the run ends with its command.
-
-    ``held`` is the write end of the supervisor's exit pipe: kept open, never
-    written, it closes when the keeper exits (``_exit_descriptor``).
-    ``marker`` is the run's marker (``local``): the keeper and the command's
-    processes hold it, so it stays locked while any of them lives.
-    """
-    _close_fds(keep=(report, held) if marker is None else (report, held, marker))
-    # A group of its own: a kill of the supervisor's whole group (timeout -k,
-    # kill -9 -PGID) must leave the keeper alive to take the command down.
-    os.setpgid(0, 0)
-    keeper = os.getpid()
-    group = 0
-    stop = False
-
-    def supervisor_died(_signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-        if group:
-            _killpg(group, signal.SIGKILL)
-
-    signal.signal(PARENT_DIED, supervisor_died)
-    for s in (*FORWARDED, signal.SIGTTOU):  # the supervisor signals the command's group itself
-        signal.signal(s, signal.SIG_IGN)
-    # The supervisor may block them (SignalRelay): the command must get them.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-    prctl(PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
-    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    if os.getppid() != parent:  # the supervisor died before prctl took effect
-        return 137
-    command = os.fork()
-    if command == 0:
-        try:
-            os.setpgid(0, 0)
-            # Second layer: if the keeper itself is killed, so is the command.
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != keeper:
-                os._exit(137)
-            # Python ignores SIGPIPE and SIGXFSZ, and the keeper the forwarded
-            # signals; the command expects defaults.
-            for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU, PARENT_DIED, *FORWARDED):
-                signal.signal(s, signal.SIG_DFL)
-            if marker is not None:
-                os.set_inheritable(marker, True)
-            os.execvpe(argv[0], list(argv), dict(env))
-        except OSError as e:
-            os.write(report, f"E{e.errno}\n".encode())
-        os._exit(127)
-    try:
-        os.setpgid(command, command)
-    except OSError:
-        pass  # the command already did it, or already exited
-    group = command
-    terminal = _take_terminal(parent, group)
-    os.write(report, f"P{command}\n".encode())
-    os.close(report)
-    if stop:
-        _killpg(group, signal.SIGKILL)
-    status = 0
-    while True:
-        try:
-            pid, raw = os.waitpid(-1, 0)
-        except ChildProcessError:
-            return status
-        if pid == command:
-            status = exit_status(os.waitstatus_to_exitcode(raw))
-            break
-    _sweep(group, keeper)
-    if terminal is not None:
-        _give_back_terminal(terminal)
-    return status
-
-
-SWEEP_GIVE_UP = 0.5
-"""Seconds the keeper waits, after the last process it reaped, for what the
-command left to die after SIGKILL."""
-SWEEP_HARD_STOP = 2.0
-"""Seconds the whole sweep may take. What outlasts it (a process in
-uninterruptible sleep, one the keeper may not signal, such as a setuid
-program's) is left running, signalled."""
-
-
-def _sweep(group: int, keeper: int) -> None:
-    """Stop and reap everything the command left behind once it has exited.
-
-    Its process group gets SIGKILL, and so does every process that left the
-    group (``setsid``, a double-forking daemon): the keeper is their
-    subreaper, so once the process that started one is gone, it is the
-    keeper's child. Killing one orphans its own children to the keeper in
-    turn, so the sweep repeats while it makes progress, until the keeper has
-    no children left. No process of the run works on after its run ended
-    and its lease was released.
-    """
-    _killpg(group, signal.SIGKILL)
-    now = time.monotonic()
-    hard_stop = now + SWEEP_HARD_STOP
-    give_up = now + SWEEP_GIVE_UP
-    while True:
-        _kill_children(keeper)
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        now = time.monotonic()
-        if pid:
-            # A layer died; the next one may be on its way to the keeper.
-            give_up = min(now + SWEEP_GIVE_UP, hard_stop)
-        if now >= give_up:  # hard_stop bounds even a sweep that keeps reaping
-            break
-        if not pid:
-            time.sleep(0.005)
-    _kill_children(keeper)  # what arrived meanwhile is signalled, if not waited for
-
-
-def _kill_children(keeper: int) -> None:
-    for pid in _children(keeper):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _children(keeper: int) -> list[int]:
-    """The keeper's children, living or not yet reaped."""
-    try:
-        with open("/proc/thread-self/children", "rb") as f:  # the keeper has one thread
-            return [int(pid) for pid in f.read().split()]
-    except OSError:
-        pass
-    # A kernel without CONFIG_PROC_CHILDREN: find them by their parent.
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # After the command name, which may hold spaces and parentheses: state, ppid.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == keeper:
-            found.append(int(name))
-    return found
-
-
 def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
-
-
-def _take_terminal(parent: int, group: int) -> int | None:
-    """Run from a terminal, the command's group (not the supervisor's) must be
-    the foreground one, or a command that reads the terminal is stopped by
-    SIGTTIN while its lease is renewed forever. Returns the group to give the
-    terminal back to."""
-    try:
-        if not os.isatty(0):
-            return None
-        foreground = os.tcgetpgrp(0)
-        if foreground != os.getpgid(parent):
-            return None  # cronwarden itself runs in the background
-        os.tcsetpgrp(0, group)
-        return foreground
-    except OSError:
-        return None
-
-
-def _give_back_terminal(foreground: int) -> None:
-    try:
-        os.tcsetpgrp(0, foreground)
-    except OSError:
-        pass
-
-
-def _close_fds(keep: Collection[int]) -> None:
-    """Close every descriptor above stderr but those in ``keep`` (like Popen's
-    close_fds): the store's sockets and files are the supervisor's."""
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 def _exit_descriptor(pid: int, pipe: int) -> tuple[int, bool]:
@@ -272,28 +66,34 @@ class Child:
     """The command's keeper (waited on through ``fileno()``, readable when it
     exits) and the command's process group (signalled)."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], marker: int | None = None) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], marker: int | None = None,
+                 launcher: Launcher | None = None) -> None:  # fmt: skip
         """Start ``argv`` (never through a shell) under a keeper that dies
         with us and takes the command's group with it. ``marker``, the
-        run's marker descriptor, is passed to the keeper and the command."""
-        prctl = _prctl()  # load libc before forking, not in the child
+        run's marker descriptor, is passed to the keeper and the command.
+        The keeper is forked here, or with ``launcher`` by the launcher
+        process (see ``keeper``), which dies with us and reaps it."""
         report_r, report_w = os.pipe()
         # Made before the fork, whether or not pidfd_open works: only the
         # keeper may hold the write end (close-on-exec, so the command does not).
         exit_r, exit_w = os.pipe()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            code = 127
-            try:
-                code = _keep(argv, env, parent, report_w, exit_w, prctl, marker)
-            finally:
-                os._exit(code)
-        os.close(report_w)
-        os.close(exit_w)
+        self.launched = launcher is not None
+        try:
+            if launcher is None:
+                pid = self._fork(argv, env, marker, report_w, exit_w)
+            else:
+                pid = launcher.keeper(argv, env, report_w, exit_w, marker)
+        except BaseException:
+            os.close(report_r)
+            os.close(exit_r)
+            raise
+        finally:
+            os.close(report_w)
+            os.close(exit_w)
         self.pid = pid
         self.returncode: int | None = None
-        self._exit_fd, self._pidfd = _exit_descriptor(pid, exit_r)
+        # Not our child when launched: its exit pipe is the descriptor.
+        self._exit_fd, self._pidfd = (exit_r, False) if self.launched else _exit_descriptor(pid, exit_r)
         with os.fdopen(report_r, "rb") as f:
             # EOF once the command exec'd (the pipe is close-on-exec) or failed.
             lines = f.read().decode().split()
@@ -309,6 +109,20 @@ class Child:
                 raise CommandNotExecutable(f"command not executable: {argv[0]!r}")
             raise UsageError(f"cannot run {argv[0]!r}: {os.strerror(code) if code else 'keeper failed'}")
 
+    @staticmethod
+    def _fork(argv: Sequence[str], env: Mapping[str, str], marker: int | None, report: int,
+              held: int) -> int:  # fmt: skip
+        prctl = _prctl()  # load libc before forking, not in the child
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 127
+            try:
+                code = _keep(argv, env, parent, report, held, prctl, marker)
+            finally:
+                os._exit(code)
+        return pid
+
     def signal(self, signum: int) -> None:
         """Signal the command and everything it started."""
         if self.returncode is None and self.group:
@@ -320,7 +134,15 @@ class Child:
         return self._exit_fd
 
     def poll(self) -> int | None:
-        if self.returncode is None:
+        if self.returncode is None and self.launched:
+            if _readable(self._exit_fd):
+                # The launcher's word once it reaped the keeper; nothing (EOF)
+                # if it died first, and its keeper (SIGKILLing the command's
+                # group as it went) with it.
+                said = os.read(self._exit_fd, 32)
+                self.returncode = int(said) if said else -signal.SIGKILL
+                os.close(self._exit_fd)
+        elif self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if not pid and not self._pidfd and _readable(self._exit_fd):
                 # EOF on the exit pipe: the keeper is exiting (only its exit
@@ -341,11 +163,6 @@ class Child:
             if not ready and timeout is not None:
                 return None
         return self.returncode
-
-
-def exit_status(returncode: int) -> int:
-    """A shell's convention: killed by signal N is 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class Sender(NamedTuple):
@@ -540,10 +357,13 @@ class Supervisor:
 
     def __init__(self, run: Run, argv: Sequence[str], env: Mapping[str, str], *, kill_grace: float,
                  replace_grace: float, relay: SignalRelay,
-                 on_started: Callable[[Child], None] | None = None) -> None:  # fmt: skip
+                 on_started: Callable[[Child], None] | None = None,
+                 launcher: Launcher | None = None) -> None:  # fmt: skip
         """``on_started`` is told the child once its command runs (the
-        scheduler says so, with the pid)."""
+        scheduler says so, with the pid); ``launcher`` forks its keeper
+        (``Child``)."""
         self.on_started = on_started
+        self.launcher = launcher
         self.run = run
         self.argv = argv
         self.env = env
@@ -569,7 +389,7 @@ class Supervisor:
         self.relay.wake = self._wake
         try:
             marker = self.run.marker
-            self.child = Child(self.argv, self.env, None if marker is None else marker.fd)
+            self.child = Child(self.argv, self.env, None if marker is None else marker.fd, self.launcher)
             self.relay.child = self.child
             if self.relay.signalled is not None:  # arrived while the command was starting
                 self.child.signal(self.relay.signalled)
@@ -670,10 +490,3 @@ class Supervisor:
         code = child.wait()
         assert code is not None
         return Exit(exit_status(code), stopped_by=why)
-
-
-def _killpg(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -287,7 +287,7 @@ def test_kill_9_of_the_supervisor_also_stops_a_process_that_left_the_commands_gr
 
 SWEEP_PROBE = """
 import os, subprocess, sys, builtins
-from cronwarden import supervisor
+from cronwarden import keeper
 child = subprocess.Popen(["sleep", "30"])
 real_open = builtins.open
 def no_children_file(path, *args, **kwargs):
@@ -295,7 +295,7 @@ def no_children_file(path, *args, **kwargs):
         raise FileNotFoundError(path)
     return real_open(path, *args, **kwargs)
 builtins.open = no_children_file
-found = supervisor._children(os.getpid())
+found = keeper._children(os.getpid())
 builtins.open = real_open
 child.kill()
 child.wait()

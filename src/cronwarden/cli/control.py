@@ -113,10 +113,13 @@ def main_trigger(args: Any) -> int:
                 from cronwarden.cli.run import EXIT_STORE
 
                 return EXIT_STORE
-            from cronwarden.guard import Run
+            from cronwarden.guard import describe_refusal
+            from cronwarden.stores.base import Refused
 
-            if isinstance(started, Run):
-                print(f"cronwarden: {job} run {started.run_id} started by hand ({by})", file=sys.stderr)
+            if isinstance(started, Refused):
+                print(describe_refusal(job, started, warden.clock.wall(), manual=True), file=sys.stderr)
+                return EXIT_REFUSED
+            print(f"cronwarden: {job} run {started.run_id} started by hand ({by})", file=sys.stderr)
             return _supervise(run_args, command, options, guard, started, relay, _command_env(run_args, url))
         finally:
             warden.close()
@@ -124,12 +127,12 @@ def main_trigger(args: Any) -> int:
 
 class _RunArgs:
     """What ``cronwarden run``'s supervision reads of its flags, for a
-    manual run: refusals said and exit 1, no shard, the store withheld."""
+    manual run that started (a refusal is said by ``main_trigger``): an
+    overlap said, no shard, the store withheld."""
 
     def __init__(self, job: str) -> None:
         self.job = job
         self.quiet = False
-        self.skip_exit_code = EXIT_REFUSED
         self.shard = None
         self.pass_store = False
 

@@ -436,6 +436,6 @@ def _supervise(args: Any, command: list[str], options: Options, guard: Guard, st
 def _unguarded(command: list[str]) -> int:
     import subprocess
 
-    from cronwarden.supervisor import exit_status
+    from cronwarden.keeper import exit_status
 
     return exit_status(subprocess.call(command))

@@ -159,6 +159,7 @@ def main(args: Any) -> int:
     from cronwarden.config import find, load
     from cronwarden.errors import mask_password
     from cronwarden.guard import Warden
+    from cronwarden.keeper import Launcher
     from cronwarden.preflight import job_options
     from cronwarden.scheduler import InProcess, Launchers, RunLauncher, ScheduledJob, Scheduler, Wakeup
     from cronwarden.stores import open_store
@@ -210,8 +211,8 @@ def main(args: Any) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
-    # A run ended: wake up and reap it now. The handler does nothing; the
-    # wakeup fd (see Wakeup) is what ends the sleep.
+    # A detached run ended: wake up and reap it now. The handler does
+    # nothing; the wakeup fd (see Wakeup) is what ends the sleep.
     signal.signal(signal.SIGCHLD, lambda _s, _f: None)
     wakeup = Wakeup()
 
@@ -219,10 +220,13 @@ def main(args: Any) -> int:
         print(line, flush=True)
 
     kwargs: dict[str, Any] = {} if args.id is None else {"instance": args.id}
+    # Started by the main thread, before any other: the launcher's parent
+    # death signal comes when the thread that started it ends.
+    launcher = Launcher()
     warden = Warden(store, quiet=True)
     flusher = _Flusher(store, config.sinks) if config.sinks else None
     in_process = InProcess(warden, concurrency=args.concurrency, misfire_grace=args.misfire_grace, say=say,
-                           ended=None if flusher is None else flusher.poke)  # fmt: skip
+                           ended=None if flusher is None else flusher.poke, launcher=launcher)  # fmt: skip
     launch = Launchers(in_process=in_process, detached=RunLauncher(url, path))
     sched = Scheduler(store, jobs, launch, misfire_grace=args.misfire_grace, keep=args.keep, say=say,
                       **kwargs)  # fmt: skip
@@ -259,13 +263,6 @@ def main(args: Any) -> int:
                 reloads.clear()
                 _reload(sched, path, config.store, warden, say)
 
-        # Every in-process fire forks this process (the run's keeper): the
-        # objects made so far (the jobs, the imports) move out of the
-        # collector's reach, so a collection in a keeper does not write to,
-        # and copy, every page of them.
-        import gc
-
-        gc.freeze()
         sched.serve(wakeup.sleep, lambda: bool(stopping), until, between)
         if stopping:
             say(f"cronwarden scheduler {sched.instance}: signal {stopping[0]}: stopping "
@@ -280,5 +277,6 @@ def main(args: Any) -> int:
         wakeup.close()
         warden.close()
         store.close()
+        launcher.close()
     say(f"cronwarden scheduler {sched.instance}: stopped; fired {sched.fired} slot(s)")
     return 0

@@ -29,7 +29,8 @@ def configure_status(p: argparse.ArgumentParser) -> None:
         "lease expired is recorded abandoned at the next start. Then a line per paused job (who, when, "
         "why) and per sink that set events aside because its receiver refused them for good."
     )
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help='print JSON: a list of the open runs ("type": "run") '
+                   'then of the paused jobs ("type": "paused", with by, reason and since)')  # fmt: skip
     p.add_argument("--job", help="only this job")
     add_store_flag(p)
 
@@ -61,7 +62,7 @@ def configure_history(p: argparse.ArgumentParser) -> None:
 
 
 def main_status(args: Any) -> int:
-    from cronwarden.control import paused_jobs, stop_requests
+    from cronwarden.control import paused_item, paused_jobs, stop_requests
 
     store = _open(args)
     try:
@@ -69,7 +70,7 @@ def main_status(args: Any) -> int:
         now = time.time()
         stops = stop_requests(store, [r for r, _ in runs])
         set_aside = [] if args.json else _set_aside(store)
-        paused = {} if args.json else paused_jobs(store, [args.job] if args.job else store.ledger_jobs())
+        paused = paused_jobs(store, [args.job] if args.job else store.ledger_jobs())
     finally:
         store.close()
     if args.json:
@@ -79,6 +80,7 @@ def main_status(args: Any) -> int:
             if asked is not None:
                 item["stop_requested"] = {"by": asked.data.get("by"), "at": asked.at,
                                           "reason": asked.data.get("reason")}  # fmt: skip
+        items += [paused_item(job, pause) for job, pause in sorted(paused.items())]
         print(json.dumps(items, indent=2))
         return 0
     said = _paused_lines(paused) + set_aside

@@ -81,6 +81,7 @@ from cronwarden.monitor.stats import (
     Verdict,
     failing_of,
     find_overlaps,
+    manual_starts,
     newest_slot,
     parse_schedule,
     partition,
@@ -139,6 +140,8 @@ class _Reads:
     rollups: Mapping[str, Rollup]
     pauses: Mapping[str, list[Event]]
     """Each job's newest pause event (``Monitor._pauses``)."""
+    triggers: Mapping[str, list[Event]]
+    """Each job's newest manual start (``Monitor._triggers``)."""
     attempts: Mapping[str, list[Any]]
     """Each rollup's ``attempts``, decoded."""
     windows: Mapping[str, list[RunRecord]]
@@ -292,8 +295,13 @@ class Monitor:
             if last_start is not None and e.at < last_start:
                 break
             in_a_row += 1
-        last_refusal = next((e.at for e in events if e.kind in ATTEMPT_KINDS), None)
-        last_attempt = max((x for x in (last_start, last_refusal) if x is not None), default=None)
+        # The last attempt at a slot (for missed): a manual start and its refusal are none.
+        manual = manual_starts(events)
+        scheduled = [r for r in window if r.run_id not in manual]
+        refused = [e for e in events if e.kind in ATTEMPT_KINDS and e.run_id not in manual]
+        last_scheduled = max((r.started_at for r in scheduled), default=None)
+        last_refusal = next((e.at for e in refused), None)
+        last_attempt = max((x for x in (last_scheduled, last_refusal) if x is not None), default=None)
 
         overlap_list = find_overlaps(window)
         overlapped = {o.run_id for o in overlap_list}
@@ -329,8 +337,8 @@ class Monitor:
         slots: tuple[tuple[float, int], ...] = ()
         if schedule is not None and period and schedule_error is None:
             # Queued starts are not counted: each one is counted when it starts.
-            attempts = [(r.started_at, r.slot) for r in window]
-            attempts += [(e.at, None) for e in events if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
+            attempts = [(r.started_at, r.slot) for r in scheduled]
+            attempts += [(e.at, None) for e in refused if e.kind in (EventKind.SKIPPED, EventKind.QUEUE_FULL)]
             slots = slot_counts(attempts, schedule, period)
 
         return JobStats(
@@ -382,6 +390,7 @@ class Monitor:
         return _Reads(
             rollups=rollups,
             pauses=self._pauses(list(known)),
+            triggers=self._triggers(list(known)),
             attempts=dict(zip(rollups, decoded, strict=True)),
             windows=self.store.latest_runs(ordered, self.thresholds.runs) if ordered else {},
         )
@@ -400,6 +409,10 @@ class Monitor:
     def _pauses(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
         """Each job's newest pause event, in one read for a pass."""
         return self.store.latest_events(jobs, PAUSE_KINDS, 1)
+
+    def _triggers(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
+        """Each job's newest manual start (``triggered``), in one read for a pass."""
+        return self.store.latest_events(jobs, (EventKind.TRIGGERED,), 1)
 
     def _with_pause(self, stats: JobStats, pauses: Mapping[str, list[Event]] | None = None) -> JobStats:
         """A scheduled job's pause (``cronwarden pause``), one indexed read:
@@ -429,16 +442,26 @@ class Monitor:
         None where the rollup cannot say (the ledger is read then): a stale
         row, a window with a flagged run (an abandoned run, another lease
         key, a start before an earlier end: an overlap to find), a window
-        older than ``days``, skips or overlap events the row does not hold.
+        older than ``days``, skips or overlap events the row does not hold,
+        a manual start (the job's newest ``triggered`` event, in ``reads``)
+        that may be among the attempts the row keeps (it counts them all; a
+        manual one is none).
         A window with a bad ending that enough successes have not followed
         reads the window's runs (not its events) for ``failing``, whose
         streaks depend on their order. ``reads``: the pass's reads for every
         job (``_reads``), if the caller has them. The job has no open run
         (the caller checks)."""
+        import math
+
         t = self.thresholds
         since = now - t.days * 86400
         if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
             return None
+        decoded = json.loads(r.attempts) if reads is None else reads.attempts[job]
+        newest = reads.triggers.get(job) if reads is not None else None
+        trigger = newest[0] if newest else None
+        if trigger is not None and trigger.at >= min((a[0] for a in decoded), default=-math.inf):
+            return None  # its triggered event is written after its start or refusal
         window_start = r.w_oldest if r.w_runs >= t.runs else since
         times = r.skip_times
         if len(times) < r.skips and (not times or times[0] >= window_start):
@@ -458,7 +481,6 @@ class Monitor:
         schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
         if schedule is not None and period and schedule_error is None:
-            decoded = json.loads(r.attempts) if reads is None else reads.attempts[job]
             attempts = [(a[0], a[1]) for a in decoded if a[0] >= window_start]
             slots = newest_slot(attempts, schedule, period)
             if slots and slots[0][1] > 1:  # crowded, maybe: every slot's count, as the ledger gives them

@@ -1,7 +1,8 @@
 """The slot ledger: for a job with a schedule, every expected fire time (a
 slot) in a span gets exactly one decision, derived from the ledger.
 
-Each attempt on record is counted for one slot: a run for the slot it was
+Each attempt on record is counted for one slot (a manual start, by
+``cronwarden trigger``, is none: it serves no slot): a run for the slot it was
 started for (``RunRecord.slot``), a scheduler's decision (``paused``,
 ``misfired``, ``missed``) for the slot in its data, any other (a skip, a
 queued start, a run with no slot) for the fire at or before it, where a start
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronwarden.events import Event, EventKind, RunRecord
-from cronwarden.monitor.stats import parse_schedule
+from cronwarden.monitor.stats import manual_starts, parse_schedule
 
 SLOT_EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind.SKIPPED,
@@ -40,8 +41,10 @@ SLOT_EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind.MISFIRED,
     EventKind.MISSED,
     EventKind.BACKFILLED,
+    EventKind.TRIGGERED,
 )
-"""The events a slot's decision is read from, besides the runs."""
+"""The events a slot's decision is read from, besides the runs (and the
+manual starts, which ``decide`` leaves out)."""
 
 RANK = ("ran", "backfilled", "late", "queued", "skipped", "paused", "misfired", "missed", "due")
 """Decisions, best first: a slot's decision is its best attempt."""
@@ -93,11 +96,16 @@ def decide(
 ) -> list[SlotDecision]:
     """One decision per slot of ``slots`` (oldest first), from the runs and
     the ``SLOT_EVENT_KINDS`` events around them. Attempts that belong to no
-    listed slot are left out."""
+    listed slot are left out, and so are the manual starts (``cronwarden
+    trigger``: a run, or its refusal, with a ``triggered`` event among
+    ``events``): they serve no slot, as for the monitor's ``missed``."""
     sched = parse_schedule(schedule)
     early = min(60.0, period / 10)
     listed = set(slots)
     events = list(events)
+    manual = manual_starts(events)
+    runs = [r for r in runs if r.run_id not in manual]
+    events = [e for e in events if e.kind is not EventKind.TRIGGERED and e.run_id not in manual]
     backfilled = {e.data.get("run_id") for e in events if e.kind is EventKind.BACKFILLED}
     # Per slot, its attempts as (rank, at, decision, run id, outcome, late by): the best of
     # them becomes the slot's decision, the others its ``extra``.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronwarden.errors import UsageError
-from cronwarden.events import EventKind, JobInfo, Outcome, RunRecord
+from cronwarden.events import Event, EventKind, JobInfo, Outcome, RunRecord
 
 COMPLETED: frozenset[Outcome] = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.TIMED_OUT})
 """Outcomes whose duration is the work's own: a run that was abandoned,
@@ -23,6 +23,7 @@ WINDOW_EVENT_KINDS: tuple[EventKind, ...] = (
     EventKind.QUEUE_FULL,
     EventKind.OVERLAP,
     EventKind.ABANDONED,
+    EventKind.TRIGGERED,
 )
 
 ATTEMPT_KINDS = frozenset({EventKind.SKIPPED, EventKind.QUEUED, EventKind.QUEUE_FULL})
@@ -201,6 +202,14 @@ def quantile(ordered: Sequence[float], q: float) -> float:
     lo = math.floor(h)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (h - lo)
+
+
+def manual_starts(events: Iterable[Event]) -> frozenset[str]:
+    """The run ids of the manual starts (``cronwarden trigger``) among
+    ``events``, from their ``triggered`` events. A manual start serves no
+    slot: it is no attempt at one, neither for the monitor's ``missed`` and
+    ``too_often`` nor for the slot ledger (``monitor.slots.decide``)."""
+    return frozenset(e.run_id for e in events if e.kind is EventKind.TRIGGERED and e.run_id)
 
 
 def slot_counts(

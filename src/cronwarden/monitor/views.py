@@ -89,13 +89,14 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
         )
     }
     manual = _manual(store, job, read_since)
-    # What the end events of interrupted runs know of the signal (one read,
-    # only when a shown run was interrupted).
-    signals: dict[str, Any] = {}
-    if any(r.outcome is Outcome.INTERRUPTED for r in runs):
-        query = EventQuery(job=job, kinds=[EventKind.INTERRUPTED], since=read_since, limit=10_000)
-        ends = store.events(query)
-        signals = {e.run_id: e.data["signal"] for e in ends if e.run_id in shown and "signal" in e.data}
+    # What the end events of interrupted and stopped runs hold besides the
+    # run's record: the signal; who asked for the stop and why (one read,
+    # only when a shown run ended so).
+    told = [o.event for o in (Outcome.INTERRUPTED, Outcome.STOPPED) if any(r.outcome is o for r in runs)]
+    ends: dict[str | None, Any] = {}
+    if told:
+        query = EventQuery(job=job, kinds=told, since=read_since, limit=10_000)
+        ends = {e.run_id: e.data for e in store.events(query) if e.run_id in shown}
     items: list[tuple[float, dict[str, Any]]] = []
     for r in runs:
         item = {
@@ -104,8 +105,11 @@ def history_items(store: Store, job: str, limit: int) -> list[dict[str, Any]]:
             "duration": r.duration, "exit_code": r.exit_code, "detail": r.detail,
             "backfill_of": backfills.get(r.run_id), "manual": manual.get(r.run_id),
         }  # fmt: skip
-        if r.run_id in signals:
-            item["signal"] = signals[r.run_id]
+        end = ends.get(r.run_id, {})
+        if "signal" in end:
+            item["signal"] = end["signal"]
+        if r.outcome is Outcome.STOPPED and "by" in end:
+            item["stopped"] = {"by": end["by"], "reason": end.get("reason", "")}
         items.append((r.started_at, item))
     for e in refusals:
         item = {"type": e.kind.value, "run_id": e.run_id, "at": e.at, **dict(e.data)}
@@ -152,10 +156,6 @@ def slot_items(
     events = store.events(
         EventQuery(job=job, kinds=SLOT_EVENT_KINDS, since=slots[0] - early, limit=8 * len(slots) + 100)
     )
-    # A manual start (cronwarden trigger) serves no slot: neither it nor its refusal decides one.
-    manual = _manual(store, job, slots[0] - early)
-    runs = [r for r in runs if r.run_id not in manual]
-    events = [e for e in events if e.run_id not in manual]
     decided = decide(slots, schedule, period, grace, now, runs, events)
     return [d.as_dict() for d in reversed(decided)]
 
@@ -206,7 +206,7 @@ def open_runs(
 def open_run_item(r: RunRecord, pending: int, now: float) -> dict[str, Any]:
     """An open run as ``status --json`` and the dashboard's API show it."""
     return {
-        "job": r.job, "run_id": r.run_id, "key": r.key, "host": r.host, "pid": r.pid,
+        "type": "run", "job": r.job, "run_id": r.run_id, "key": r.key, "host": r.host, "pid": r.pid,
         "started_at": r.started_at, "age": round(now - r.started_at, 3), "token": r.token,
         "lease_expires_in": None if r.expires_in is None else round(r.expires_in, 3),
         "state": state(r).split(" ")[0], "pending": pending,

@@ -129,10 +129,11 @@ class End(NamedTuple):
     detail: str = ""
     replaced_by: str | None = None
     """Outcome replaced: the run that took over."""
-    signal: Mapping[str, object] | None = None
-    """Outcome interrupted by a signal: what is known of it (the signal, its
-    sender, the grace, whether SIGKILL followed), kept as the end event's
-    ``signal``."""
+    data: Mapping[str, object] | None = None
+    """More fields of the end event, kept with the others in its data:
+    outcome interrupted by a signal, ``signal`` (what is known of it: the
+    signal, its sender, the grace, whether SIGKILL followed); outcome
+    stopped, ``by`` and ``reason`` (who asked, why: as the request said)."""
 
 
 class Finished(NamedTuple):
@@ -214,16 +215,18 @@ a few per job and week, and deleting an old one could make a finding that
 was resolved look raised again, or one that is raised look gone."""
 
 
-def kept_kinds() -> list[str]:
-    """The kinds retention keeps (every kind not in ``AGE_OUT_FREELY``)."""
-    return [k.value for k in EventKind if k not in AGE_OUT_FREELY]
+def pruned_kinds() -> list[str]:
+    """``AGE_OUT_FREELY``'s values, sorted: each store's prune step walks
+    the events of these kinds only, so the kinds kept take no part of its
+    budget however many and old they are."""
+    return sorted(k.value for k in AGE_OUT_FREELY)
 
 
 def pruned_kinds_sql() -> str:
-    """``AGE_OUT_FREELY`` as an SQL list of literals (enum values: letters
-    and ``_`` only), for the SQL stores' prune statements: a list of kinds
-    that are pruned, so that each is an index range of (job, kind, at)."""
-    return ", ".join(sorted(f"'{k.value}'" for k in AGE_OUT_FREELY))
+    """``pruned_kinds`` as an SQL list of literals (enum values: letters
+    and ``_`` only), for the SQL stores' prune statements: each kind is an
+    index range of (job, kind, at)."""
+    return ", ".join(f"'{k}'" for k in pruned_kinds())
 
 
 class Retention(NamedTuple):

@@ -564,19 +564,19 @@ class PostgresStore(SqlStore):
         if then is not None:
             sql = self._q["finish_then"]
             args += (then.key, then.job, then.run_id, then.host, then.pid, then.ttl, then.at, then.slot)
-        if end.signal:
-            extra = (json.dumps(dict(end.signal)), lease.job, end.outcome.value, lease.run_id)
+        if end.data:
+            extra = (json.dumps(dict(end.data)), lease.job, end.outcome.value, lease.run_id)
 
-            def finish_with_signal(c: psycopg.Cursor[Any]) -> Any:
-                # The end event's signal, written in finish's transaction: no
-                # reader (the outbox) sees the event without it.
+            def finish_with_data(c: psycopg.Cursor[Any]) -> Any:
+                # The end event's further fields, written in finish's
+                # transaction: no reader (the outbox) sees the event without them.
                 with c.connection.transaction():
                     found = c.execute(sql, args).fetchone()
                     if found is not None and found[1]:
-                        c.execute(self._q["end_signal"], extra)
+                        c.execute(self._q["end_data"], extra)
                     return found
 
-            row = self._call(finish_with_signal)
+            row = self._call(finish_with_data)
         else:
             row = self._call(lambda c: c.execute(sql, args).fetchone())
         assert row is not None

@@ -21,11 +21,12 @@ SELECT * FROM {s}.finish(%s::text, %s::text, %s::text, %s::bigint, %s::text, %s:
                          %s::text, %s::text, %s::text, %s::text, %s::integer, %s::float8, %s::float8,
                          %s::float8);
 
--- name: end_signal --
--- An interrupted run's end event gets what is known of the signal, in the
--- transaction of the finish that wrote it (the one exception to one
--- statement per call: only a run stopped by a signal pays for it).
-UPDATE {s}.events SET data = data || jsonb_build_object('signal', %s::jsonb)
+-- name: end_data --
+-- An end event's further fields (End.data: an interrupted run's signal, a
+-- stopped run's who and why), in the transaction of the finish that wrote
+-- it (the one exception to one statement per call: only a run stopped by a
+-- signal or by cronwarden stop pays for it).
+UPDATE {s}.events SET data = data || %s::jsonb
 WHERE job = %s AND kind = %s AND run_id = %s;
 
 -- name: renew --

@@ -374,8 +374,9 @@ class SqliteStore(SqlStore):
             db.execute(q["forget_window"], (rollup.job,))
             first = rollup.ended - len(recent)
             db.executemany(q["insert_window"], [
-                (rollup.job, (first + k) % ROLLUP_RUNS, *e) for k, e in enumerate(recent)
+                (rollup.job, (first + k) % (ROLLUP_RUNS + 1), *e) for k, e in enumerate(recent)
             ])  # fmt: skip
+            db.execute(q["window_durations"], (rollup.job,))
             return True
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:
@@ -560,8 +561,8 @@ class SqliteStore(SqlStore):
                     data["detail"] = end.detail
                 if end.replaced_by:
                     data["replaced_by"] = end.replaced_by
-                if end.signal:
-                    data["signal"] = dict(end.signal)
+                if end.data:
+                    data.update(end.data)
                 data["duration"] = round(end.at - started[0], 6)
                 db.execute(
                     q["insert_event"],
