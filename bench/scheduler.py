@@ -34,6 +34,17 @@ one store at a time when the machine is quiet.
     python bench/scheduler.py --mode multi --store postgres,redis
     python bench/scheduler.py --jobs 500 --minutes 1            # a quick look
     python bench/scheduler.py --store sqlite --sqlite-sync normal   # without the fsync of each commit
+
+**Long runs** (``--long-every N [--long-seconds 60] [--long-ttl 15s]``):
+the single instance with one more job per N, each ``sleep`` 60 s every
+minute with a 15 s ttl, so its runs outlive their lease unless the
+scheduler's batched heartbeat renews it. From the ledger: how each long run
+started in the window ended and how long it ran (target: every one
+succeeded, 0 ``lease_lost`` or ``abandoned``), the long slots skipped
+because the previous long run still held the lease (policy skip, expected),
+and the other jobs' missed slots.
+
+    python bench/scheduler.py --store sqlite --jobs 2000 --minutes 3 --long-every 100
 """
 
 from __future__ import annotations
@@ -287,6 +298,83 @@ def multi(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def add_long_jobs(path: Path, jobs: int, every: int, seconds: float, ttl: str) -> list[str]:
+    """Append one long job per ``every`` jobs to the config: ``sleep
+    seconds`` every minute with a ttl well under its length, so each of its
+    runs lives only by its renewals (the scheduler's batched heartbeat).
+    Their names."""
+    names = [f"long{n:04d}" for n in range(jobs // every)]
+    with path.open("a") as f:
+        for name in names:
+            f.write(f'\n[jobs.{name}]\nevery = "1m"\nttl = "{ttl}"\ncommand = ["sleep", "{seconds:g}"]\n')
+    return names
+
+
+def long_runs(store: str, jobs: int, minutes: int, every: int, seconds: float, ttl: str,
+              out: dict[str, Any]) -> bool:  # fmt: skip
+    """``--long-every``: the single instance's ``jobs`` plus one long job per
+    ``every``; from the ledger, how the long runs started in the window
+    ended (target: each succeeded, after its full length, 0 ``lease_lost``)
+    and what the other jobs' slots got meanwhile."""
+    unique = uuid.uuid4().hex[:10]
+    tmp = Path(tempfile.mkdtemp(prefix="cw-bench-sched-"))
+    url = url_for(store, unique, tmp)
+    config = tmp / "cronwarden.toml"
+    write_config(config, jobs)
+    names = add_long_jobs(config, jobs, every, seconds, ttl)
+    proc: subprocess.Popen[str] | None = None
+    try:
+        now = time.time()
+        boundary = next_minute(now)
+        if boundary - now < 45:
+            sleep_until(boundary + 15)
+            boundary += 60
+        # The last slot's long runs end on their own within the stop timeout.
+        proc = start(config, url, "--for", f"{boundary + minutes * 60 - 20 - time.time():.0f}s",
+                     "--stop-timeout", f"{seconds + 30:g}s")  # fmt: skip
+        wait_line(proc, "job(s) from", timeout=max(40.0, boundary - time.time() - 2))
+        proc.wait()
+        slots = [boundary + 60 * m for m in range(minutes)]
+        started, misfired, _ = ledger(url, boundary - 5, slots)
+        long_set = set(names)
+        short = {(e.job, float(e.data["slot"])) for e in started
+                 if e.job not in long_set and e.data.get("slot") in slots}  # fmt: skip
+        with open_store(url) as s:
+            lost = s.events(EventQuery(kinds=[EventKind.LEASE_LOST, EventKind.ABANDONED], since=boundary - 5,
+                                       limit=1_000_000))  # fmt: skip
+            runs = [r for name in names for r in s.runs(name, 100) if r.slot in slots]
+            skipped = s.events(EventQuery(kinds=[EventKind.SKIPPED], since=boundary - 5, limit=1_000_000))
+        outcomes: dict[str, int] = {}
+        for r in runs:
+            name = r.outcome.value if r.outcome else "open"
+            outcomes[name] = outcomes.get(name, 0) + 1
+        full = [r.duration for r in runs if r.duration is not None]
+        held = sum(1 for e in skipped if e.job in long_set)
+        expected = jobs * minutes
+        result = {
+            "store": store, "jobs": jobs, "long_jobs": len(names), "long_seconds": seconds, "long_ttl": ttl,
+            "minutes": minutes, "long_runs": len(runs), "long_outcomes": outcomes,
+            "long_duration_min": min(full, default=None), "long_duration_max": max(full, default=None),
+            "long_slots_skipped_held": held, "lease_lost_or_abandoned": len(lost),
+            "short_missed": expected - len(short), "short_expected": expected, "misfired": misfired,
+            "exit": proc.returncode, "load": os.getloadavg(),
+        }  # fmt: skip
+        out.setdefault("long", []).append(result)
+        ok = bool(runs) and outcomes == {"succeeded": len(runs)} and not lost
+        print(f"{store}: {jobs} jobs + {len(names)} long ({seconds:g} s, ttl {ttl}) x {minutes} min: "
+              f"{len(runs)} long runs {outcomes}, durations {result['long_duration_min'] or 0:.1f}-"
+              f"{result['long_duration_max'] or 0:.1f} s, {held} long slots skipped (held by the previous "
+              f"run); lease_lost/abandoned {len(lost)}; other jobs missed {result['short_missed']} of "
+              f"{expected} (misfired {misfired}); exit {proc.returncode}; load {os.getloadavg()[0]:.2f} "
+              f"[{'ok' if ok else 'TARGET MISSED'}]", flush=True)  # fmt: skip
+        return ok
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        cleanup(store, unique)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("single", "multi"), default="single")
@@ -297,6 +385,10 @@ def main() -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     ap.add_argument("--sqlite-sync", choices=("full", "normal"), default="full",
                     help="the SQLite store's synchronous (default full: each commit fsynced)")  # fmt: skip
+    ap.add_argument("--long-every", type=int, metavar="N", help="single: add one long job per N jobs and "
+                    "judge how its runs end (long_runs)")  # fmt: skip
+    ap.add_argument("--long-seconds", type=float, default=60.0, help="the long jobs' length (default 60)")
+    ap.add_argument("--long-ttl", default="15s", help="the long jobs' ttl (default 15s: renewed every 5 s)")
     args = ap.parse_args()
     global SQLITE_SYNC
     SQLITE_SYNC = args.sqlite_sync
@@ -306,6 +398,10 @@ def main() -> int:
     out: dict[str, Any] = {}
     ok = True
     for store in stores:
+        if args.long_every:
+            ok = long_runs(store.strip(), jobs, args.minutes, args.long_every, args.long_seconds,
+                           args.long_ttl, out) and ok  # fmt: skip
+            continue
         run = single if args.mode == "single" else multi
         ok = run(store.strip(), jobs, args.minutes, out) and ok
     if args.json:
