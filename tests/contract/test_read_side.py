@@ -381,3 +381,30 @@ def test_latest_runs_of_many_jobs_are_what_each_jobs_own_read_gives(store: Store
             assert found[job] == store.runs(job, limit), (job, limit)
         assert len(found["backup"]) == min(limit, 12) and found["backup"][0].outcome is None
     assert store.latest_runs([], 50) == {}
+
+
+def test_latest_since_gives_each_jobs_newest_event_of_the_kinds_since_its_own_time(store: Store) -> None:
+    """``latest_since`` (whether a manual start is among the attempts a
+    rollup keeps, for every job in one read) returns for each job the first
+    of ``events(job=…, kinds, since=its time, limit=1)``, and leaves out a
+    job with none that recent."""
+    import random
+
+    rng = random.Random(16)
+    kinds = (EventKind.TRIGGERED,)
+    for i in range(90):
+        job = rng.choice(("backup", "report", "vacuum"))
+        kind = rng.choice((EventKind.TRIGGERED, EventKind.SKIPPED, EventKind.STARTED))
+        store.record(Event(kind=kind, job=job, at=T0 + rng.randrange(60), data={"i": i}))  # ties in time
+    for since in ({"backup": T0 + 30, "report": T0, "vacuum": T0 + 59, "never-ran": T0},
+                  {"backup": T0 + 1000.0}, {}):  # fmt: skip
+        found = store.latest_since(since, kinds)
+        want = {
+            job: store.events(EventQuery(job=job, kinds=kinds, since=at, limit=1))
+            for job, at in since.items()
+        }
+        assert {job: e.data for job, e in found.items()} == {
+            job: es[0].data for job, es in want.items() if es
+        }
+        assert all(e.kind is EventKind.TRIGGERED and e.at >= since[job] for job, e in found.items())
+    assert set(store.latest_since({"backup": T0, "report": T0}, kinds)) == {"backup", "report"}

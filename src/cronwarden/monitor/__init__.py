@@ -140,8 +140,9 @@ class _Reads:
     rollups: Mapping[str, Rollup]
     pauses: Mapping[str, list[Event]]
     """Each job's newest pause event (``Monitor._pauses``)."""
-    triggers: Mapping[str, list[Event]]
-    """Each job's newest manual start (``Monitor._triggers``)."""
+    triggers: Mapping[str, Event]
+    """Each job's newest manual start (``triggered``) since the oldest of the
+    attempts its rollup keeps, if any."""
     attempts: Mapping[str, list[Any]]
     """Each rollup's ``attempts``, decoded."""
     windows: Mapping[str, list[RunRecord]]
@@ -387,11 +388,15 @@ class Monitor:
         decoded = json.loads("[" + ",".join(r.attempts for r in rollups.values()) + "]")
         ordered = [job for job, r in rollups.items() if job in known and job not in opened
                    and self._window_decides(r, self.rules_of(job))]  # fmt: skip
+        attempts = dict(zip(rollups, decoded, strict=True))
+        # A manual start matters only if it may be among the attempts a job's row keeps.
+        kept_since = {job: min((a[0] for a in attempts[job]), default=-1e300) for job in rollups
+                      if job in known and job not in opened}  # fmt: skip
         return _Reads(
             rollups=rollups,
             pauses=self._pauses(list(known)),
-            triggers=self._triggers(list(known)),
-            attempts=dict(zip(rollups, decoded, strict=True)),
+            triggers=self.store.latest_since(kept_since, (EventKind.TRIGGERED,)) if kept_since else {},
+            attempts=attempts,
             windows=self.store.latest_runs(ordered, self.thresholds.runs) if ordered else {},
         )
 
@@ -409,10 +414,6 @@ class Monitor:
     def _pauses(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
         """Each job's newest pause event, in one read for a pass."""
         return self.store.latest_events(jobs, PAUSE_KINDS, 1)
-
-    def _triggers(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
-        """Each job's newest manual start (``triggered``), in one read for a pass."""
-        return self.store.latest_events(jobs, (EventKind.TRIGGERED,), 1)
 
     def _with_pause(self, stats: JobStats, pauses: Mapping[str, list[Event]] | None = None) -> JobStats:
         """A scheduled job's pause (``cronwarden pause``), one indexed read:
@@ -443,8 +444,8 @@ class Monitor:
         row, a window with a flagged run (an abandoned run, another lease
         key, a start before an earlier end: an overlap to find), a window
         older than ``days``, skips or overlap events the row does not hold,
-        a manual start (the job's newest ``triggered`` event, in ``reads``)
-        that may be among the attempts the row keeps (it counts them all; a
+        a manual start (``triggered``, read for every job in ``reads``) that
+        may be among the attempts the row keeps (it counts them all; a
         manual one is none).
         A window with a bad ending that enough successes have not followed
         reads the window's runs (not its events) for ``failing``, whose
@@ -458,8 +459,7 @@ class Monitor:
         if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
             return None
         decoded = json.loads(r.attempts) if reads is None else reads.attempts[job]
-        newest = reads.triggers.get(job) if reads is not None else None
-        trigger = newest[0] if newest else None
+        trigger = reads.triggers.get(job) if reads is not None else None
         if trigger is not None and trigger.at >= min((a[0] for a in decoded), default=-math.inf):
             return None  # its triggered event is written after its start or refusal
         window_start = r.w_oldest if r.w_runs >= t.runs else since
