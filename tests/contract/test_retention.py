@@ -84,6 +84,45 @@ def test_a_step_stops_at_its_budget_and_the_next_goes_on(store: Store) -> None:
     assert len(store.runs("often")) == 1
 
 
+def test_findings_older_than_every_run_do_not_stall_the_steps(store: Store) -> None:
+    """A job's oldest events are 30 findings (kept whatever their age), then
+    20 old runs: each step still deletes up to its budget of the runs'
+    events, and the steps end. (Walking the job's events oldest first,
+    every step would see only findings and delete nothing, for ever.)"""
+    for i in range(30):
+        store.record(Event(kind=EventKind.STUCK, job="j", at=NOW - 200 * DAY + i,
+                           data={"state": "raised", "severity": "warning", "summary": "stuck"}))  # fmt: skip
+    for i in range(20):
+        _run(store, "j", NOW - 100 * DAY + 10 * i)
+    _run(store, "j", NOW)
+
+    events = runs = steps = 0
+    while True:
+        step = store.prune(Retention(max_age=DAY), NOW, budget=8)
+        steps += 1
+        assert step.events <= 8 and step.runs <= 8
+        events, runs = events + step.events, runs + step.runs
+        if step.done:
+            break
+        assert step.events or step.runs, "a step that is not done deleted nothing"
+        assert steps < 20
+    assert (runs, events) == (20, 40)
+    kinds = [e.kind for e in _events(store, "j")]
+    assert kinds.count(EventKind.STUCK) == 30 and len(store.runs("j")) == 1
+
+
+def test_age_and_keep_runs_together_prune_whichever_prunes_more(store: Store) -> None:
+    runs = [_run(store, "both", NOW - (10 - i) * DAY) for i in range(6)]  # 10 to 5 days old
+    # The age keeps all six; keep_runs=2 keeps two: two stay.
+    while not store.prune(Retention(max_age=30 * DAY, keep_runs=2), NOW).done:
+        pass
+    assert [r.run_id for r in store.runs("both")] == runs[:3:-1]
+    # keep_runs=5 keeps both; the age (5.5 days) keeps one (5 days old).
+    while not store.prune(Retention(max_age=5.5 * DAY, keep_runs=5), NOW).done:
+        pass
+    assert [r.run_id for r in store.runs("both")] == runs[5:]
+
+
 def test_dead_letters_of_pruned_events_go(store: Store) -> None:
     old = _run(store, "sent", NOW - 40 * DAY)
     _run(store, "sent", NOW)

@@ -123,6 +123,29 @@ FROM {s}.leases l JOIN {s}.runs r ON r.run_id = l.owner AND r.key = l.key
 WHERE r.outcome IS NULL
 ORDER BY r.started_at;
 
+-- name: latest_runs --
+-- Store.latest_runs: each of the jobs' latest %s runs, newest first, in one
+-- round trip: one bounded read of the index runs (job, started_at) per job.
+SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
+       r.exit_code, r.detail
+FROM unnest(%s::text[]) AS j(job)
+CROSS JOIN LATERAL (
+    SELECT * FROM {s}.runs WHERE runs.job = j.job ORDER BY started_at DESC LIMIT %s
+) AS r
+ORDER BY r.job, r.started_at DESC;
+
+-- name: latest_since --
+-- Store.latest_since: each job's newest event of some kinds at or after its
+-- own time (%s is a JSON object of job: time), in one round trip: one probe of
+-- the index events (job, kind, at) per job. {kinds} is stores/sql.py's kind IN (...).
+SELECT e.seq, e.event_id, e.kind, e.job, e.run_id, e.at, e.data
+FROM jsonb_each_text(%s::jsonb) AS j(job, since)
+CROSS JOIN LATERAL (
+    SELECT seq, event_id, kind, job, run_id, at, data FROM {s}.events
+    WHERE events.job = j.job AND at >= j.since::float8 AND {kinds}
+    ORDER BY at DESC, seq LIMIT 1
+) AS e;
+
 -- name: open_runs_of_job --
 SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
        r.exit_code, r.detail, extract(epoch FROM l.expires - clock_timestamp())::float8

@@ -85,7 +85,7 @@ from cronwarden.stores.base import (
     Store,
     Tally,
     is_side_lease,
-    kept_kinds,
+    pruned_kinds,
     revocation,
     side_lease_key,
     stop_mark,
@@ -576,8 +576,8 @@ class RedisStore(Store):
         # step's budget shared among them; a dry run looks at everything,
         # which each job's caps bound.
         each = self.runs_per_job + self.events_per_job if dry_run else max(8, budget // len(names))
-        kept = "," + ",".join(kept_kinds()) + ","
-        args = [cutoff, str(retention.keep_runs or 0), str(each), kept, "1" if dry_run else "0"]
+        pruned = "," + ",".join(pruned_kinds()) + ","
+        args = [cutoff, str(retention.keep_runs or 0), str(each), pruned, "1" if dry_run else "0"]
         try:
             pipe = self._client.pipeline(transaction=False)
             for job in names:
