@@ -299,14 +299,17 @@ def multi(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
 
 
 def add_long_jobs(path: Path, jobs: int, every: int, seconds: float, ttl: str) -> list[str]:
-    """Append one long job per ``every`` jobs to the config: ``sleep
-    seconds`` every minute with a ttl well under its length, so each of its
-    runs lives only by its renewals (the scheduler's batched heartbeat).
+    """Put one long job per ``every`` jobs at the head of the config:
+    ``sleep seconds`` every minute with a ttl well under its length, so
+    each of its runs lives only by its renewals (the scheduler's batched
+    heartbeat), through the fires of all the others. At the head: a slot's
+    fires start in config order, and at the tail the long ones would be the
+    first misfired when the others are not all started within the grace.
     Their names."""
     names = [f"long{n:04d}" for n in range(jobs // every)]
-    with path.open("a") as f:
-        for name in names:
-            f.write(f'\n[jobs.{name}]\nevery = "1m"\nttl = "{ttl}"\ncommand = ["sleep", "{seconds:g}"]\n')
+    head = "".join(f'[jobs.{name}]\nevery = "1m"\nttl = "{ttl}"\ncommand = ["sleep", "{seconds:g}"]\n\n'
+                   for name in names)  # fmt: skip
+    path.write_text(head + path.read_text())
     return names
 
 
