@@ -87,7 +87,8 @@ def _sqlite_fill(url: str, jobs: int, runs: int, now: float) -> None:
         "FROM x UNION ALL SELECT rid || '-e', outcome, job, rid, started + dur, "
         'printf(\'{"exit_code":%d,"token":%d,"duration":%f}\', outcome = \'failed\', n + 1, dur) FROM x '
         "UNION ALL SELECT rid || '-k', 'skipped', job, NULL, started + :period / 2, "
-        "'{\"holder_run_id\":\"' || rid || '\"}' FROM x WHERE (n * 11 + i) % 40 = 0",
+        "'{\"holder_run_id\":\"' || rid || '\"}' FROM x WHERE (n * 11 + i) % 40 = 0 "
+        "ORDER BY 5",  # in time order (seq follows it), as a live ledger records them
         p,
     )
     db.execute(
@@ -138,7 +139,8 @@ def _postgres_fill(url: str, schema: str, jobs: int, runs: int, now: float) -> N
             "UNION ALL SELECT rid || '-e', outcome, job, rid, started + dur, jsonb_build_object('exit_code', "
             "CASE outcome WHEN 'failed' THEN 1 ELSE 0 END, 'token', n + 1, 'duration', dur) FROM x "
             "UNION ALL SELECT rid || '-k', 'skipped', job, NULL, started + %(period)s / 2, "
-            "jsonb_build_object('holder_run_id', rid) FROM x WHERE (n * 11 + i) %% 40 = 0",
+            "jsonb_build_object('holder_run_id', rid) FROM x WHERE (n * 11 + i) %% 40 = 0 "
+            "ORDER BY 5",  # in time order (seq follows it), as a live ledger records them
             p,
         )
         conn.execute(

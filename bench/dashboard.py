@@ -49,8 +49,8 @@ The ledger: ``--jobs`` x ``--runs`` (default 200 x 50), filled by
 ``bench/audit.py``'s bulk SQL on SQLite and PostgreSQL (into the tables the
 store created; its shape: 1 run in 50 failed, 1 slot in 40 with a
 ``skipped`` event, durations from 1% to 90% of the 10-minute period, every
-tenth job on a cron schedule; then ``Store.rebuild_rollups()``, since the
-bulk insert of ended runs bypasses the triggers that keep them), and through the store contract
+tenth job on a cron schedule; the rollup's triggers off during the fill,
+then ``Store.rebuild_rollups()``, as ``bench/rollup.py`` does), and through the store contract
 (``acquire``/``finish``: the same runs, times and outcomes; each skip is
 refused while its run holds the lease) on Redis, for which ``audit.py`` has
 no bulk fill. Then, through the contract on every store, the
@@ -142,17 +142,25 @@ class Ledger:
         # after ``now``; the bench reports it if that changes them before it ends).
         end = (now + audit.PERIOD - 59) // audit.PERIOD * audit.PERIOD
         if self.kind in ("sqlite", "postgres"):
+            from cronwarden.stores import open_store
+            from rollup import _pg_set_triggers, _sqlite_set_triggers, _sqlite_triggers
+
+            open_store(self.url).close()  # the store creates its tables and the rollup's triggers
+            # The rollup's triggers off during the bulk fill (row by row they would take most of
+            # its time, longer than folding the ledger in afterwards), then on again.
             if self.kind == "sqlite":
                 self.cleanup = self._remove_files
+                triggers = _sqlite_triggers(self.path)
+                _sqlite_set_triggers(self.path, False, triggers)
                 audit._sqlite_fill(self.fill_url, jobs, runs, end)
+                _sqlite_set_triggers(self.path, True, triggers)
             else:
                 self.cleanup = self._drop_schema
                 audit.POSTGRES_URL = self.base  # the server its fill connects to (read at call time)
+                _pg_set_triggers(self.schema, False)
                 audit._postgres_fill(self.url, self.schema, jobs, runs, end)
-            # The bulk fill inserts ended runs, which the rollup's triggers (kept as a run
-            # ends) do not see: fold them in, as `cronwarden rollup --rebuild` does.
-            from cronwarden.stores import open_store
-
+                _pg_set_triggers(self.schema, True)
+            # Fold the filled ledger into the rollups, as `cronwarden rollup --rebuild` does.
             store = open_store(self.url)
             try:
                 store.rebuild_rollups()

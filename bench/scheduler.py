@@ -33,6 +33,7 @@ one store at a time when the machine is quiet.
     python bench/scheduler.py --store postgres --minutes 2
     python bench/scheduler.py --mode multi --store postgres,redis
     python bench/scheduler.py --jobs 500 --minutes 1            # a quick look
+    python bench/scheduler.py --store sqlite --sqlite-sync normal   # without the fsync of each commit
 
 **Long runs** (``--long-every N [--long-seconds 60] [--long-ttl 15s]``):
 the single instance with one more job per N, each ``sleep`` 60 s every
@@ -77,9 +78,14 @@ TRUE = shutil.which("true") or "/bin/true"
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+SQLITE_SYNC = "full"
+"""``--sqlite-sync``: the SQLite store's ``synchronous`` (``full``, its
+default, fsyncs every commit; ``normal`` shows what is left without)."""
+
+
 def url_for(store: str, unique: str, tmp: Path) -> str:
     if store == "sqlite":
-        return f"sqlite:///{tmp / 'cw.db'}"
+        return f"sqlite:///{tmp / 'cw.db'}?synchronous={SQLITE_SYNC}"
     return namespaces.url_for(store, unique)
 
 
@@ -293,14 +299,17 @@ def multi(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
 
 
 def add_long_jobs(path: Path, jobs: int, every: int, seconds: float, ttl: str) -> list[str]:
-    """Append one long job per ``every`` jobs to the config: ``sleep
-    seconds`` every minute with a ttl well under its length, so each of its
-    runs lives only by its renewals (the scheduler's batched heartbeat).
+    """Put one long job per ``every`` jobs at the head of the config:
+    ``sleep seconds`` every minute with a ttl well under its length, so
+    each of its runs lives only by its renewals (the scheduler's batched
+    heartbeat), through the fires of all the others. At the head: a slot's
+    fires start in config order, and at the tail the long ones would be the
+    first misfired when the others are not all started within the grace.
     Their names."""
     names = [f"long{n:04d}" for n in range(jobs // every)]
-    with path.open("a") as f:
-        for name in names:
-            f.write(f'\n[jobs.{name}]\nevery = "1m"\nttl = "{ttl}"\ncommand = ["sleep", "{seconds:g}"]\n')
+    head = "".join(f'[jobs.{name}]\nevery = "1m"\nttl = "{ttl}"\ncommand = ["sleep", "{seconds:g}"]\n\n'
+                   for name in names)  # fmt: skip
+    path.write_text(head + path.read_text())
     return names
 
 
@@ -377,11 +386,15 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=None, help="default 10000 single, 2000 multi")
     ap.add_argument("--minutes", type=int, default=5)
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    ap.add_argument("--sqlite-sync", choices=("full", "normal"), default="full",
+                    help="the SQLite store's synchronous (default full: each commit fsynced)")  # fmt: skip
     ap.add_argument("--long-every", type=int, metavar="N", help="single: add one long job per N jobs and "
                     "judge how its runs end (long_runs)")  # fmt: skip
     ap.add_argument("--long-seconds", type=float, default=60.0, help="the long jobs' length (default 60)")
     ap.add_argument("--long-ttl", default="15s", help="the long jobs' ttl (default 15s: renewed every 5 s)")
     args = ap.parse_args()
+    global SQLITE_SYNC
+    SQLITE_SYNC = args.sqlite_sync
     stores = (args.store or ("sqlite,postgres" if args.mode == "single" else "postgres,redis")).split(",")
     jobs = args.jobs or (10_000 if args.mode == "single" else 2_000)
     print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} cores", flush=True)

@@ -255,7 +255,7 @@ def test_pause_across_two_schedulers_fires_nothing_and_records_each_slot_paused_
 
     config = tmp_path / "cronwarden.toml"
     config.write_text('[jobs.tick]\ncommand = ["true"]\nevery = "1m"\n')
-    slots = cli("history", "tick", "--slots", "--since", "6m", "--json", "--config", str(config), env=env)
+    slots = cli("history", "tick", "--slots", "--since", "10m", "--json", "--config", str(config), env=env)
     assert slots.returncode == 0, slots.stderr
     decisions = {i["slot"]: i["decision"] for i in json.loads(slots.stdout)}
     assert [decisions[t0 + 60 * n] for n in range(4)] == ["ran", "paused", "paused", "ran"]

@@ -298,19 +298,32 @@ class Launcher:
         fds = [report, held] if marker is None else [report, held, marker]
         with self._lock:
             try:
-                return self._ask(request, fds)
-            except (LauncherGone, ConnectionError):
-                # Started again from this thread: it dies when this thread
-                # ends (a parent death signal follows the thread), which a
-                # fire's worker does only when the scheduler stops.
+                self._send(request, fds)
+            except ConnectionError:
+                # Gone before it had the whole request, so nothing started:
+                # start another and ask it. (From this thread: it dies when
+                # this thread ends, as a parent death signal follows the
+                # thread, which a fire's worker does only when the scheduler
+                # stops.)
                 self._restart()
-                return self._ask(request, fds)
+                self._send(request, fds)
+            try:
+                return self._answer()
+            except (LauncherGone, ConnectionError):
+                # Gone once it had the request: its keeper may have started
+                # the command before dying with it, so this run is not asked
+                # for again; the next one gets a new launcher.
+                self._restart()
+                raise LauncherGone("the launcher process died while starting the command") from None
 
-    def _ask(self, request: bytes, fds: list[int]) -> int:
+    def _send(self, request: bytes, fds: list[int]) -> None:
         assert self._sock is not None
         message = HEADER.pack(len(request)) + request
         sent = socket.send_fds(self._sock, [message], fds)
         self._sock.sendall(message[sent:])  # a signal may cut a long message short
+
+    def _answer(self) -> int:
+        assert self._sock is not None
         answer = _read_exactly(self._sock, HEADER.size)
         if answer is None:
             raise LauncherGone("the launcher process is gone")

@@ -356,3 +356,55 @@ def test_latest_events_of_every_job_are_what_each_jobs_own_read_gives(store: Sto
         assert found["never-ran"] == []
         assert all(len(found[job]) <= limit for job in jobs)
     assert all(len(store.latest_events(jobs[:3], kinds, 1)[job]) == 1 for job in jobs[:3])
+
+
+def test_latest_runs_of_many_jobs_are_what_each_jobs_own_read_gives(store: Store) -> None:
+    """``latest_runs`` (the windows of the jobs whose rollup cannot say if
+    they are failing, one read per pass) returns for each job what
+    ``runs(job, limit)`` does: the newest start first, open runs too, at
+    most ``limit``."""
+    import random
+
+    rng = random.Random(16)
+    jobs = ["backup", "report", "vacuum"]
+    for i in range(36):
+        job = jobs[i % 3]
+        g = granted(store.acquire(start(job, at=T0 + 10 * i + rng.random())))
+        if i < 33:  # the last run of each job stays open
+            outcome = rng.choice((Outcome.SUCCEEDED, Outcome.FAILED))
+            store.finish(g.lease, end(outcome, at=T0 + 10 * i + 5, exit_code=int(outcome is Outcome.FAILED)))
+    asked = ["vacuum", "never-ran", "backup"]
+    for limit in (1, 5, 50):
+        found = store.latest_runs(asked, limit)
+        assert set(found) == set(asked) and found["never-ran"] == []
+        for job in asked:
+            assert found[job] == store.runs(job, limit), (job, limit)
+        assert len(found["backup"]) == min(limit, 12) and found["backup"][0].outcome is None
+    assert store.latest_runs([], 50) == {}
+
+
+def test_latest_since_gives_each_jobs_newest_event_of_the_kinds_since_its_own_time(store: Store) -> None:
+    """``latest_since`` (whether a manual start is among the attempts a
+    rollup keeps, for every job in one read) returns for each job the first
+    of ``events(job=…, kinds, since=its time, limit=1)``, and leaves out a
+    job with none that recent."""
+    import random
+
+    rng = random.Random(16)
+    kinds = (EventKind.TRIGGERED,)
+    for i in range(90):
+        job = rng.choice(("backup", "report", "vacuum"))
+        kind = rng.choice((EventKind.TRIGGERED, EventKind.SKIPPED, EventKind.STARTED))
+        store.record(Event(kind=kind, job=job, at=T0 + rng.randrange(60), data={"i": i}))  # ties in time
+    for since in ({"backup": T0 + 30, "report": T0, "vacuum": T0 + 59, "never-ran": T0},
+                  {"backup": T0 + 1000.0}, {}):  # fmt: skip
+        found = store.latest_since(since, kinds)
+        want = {
+            job: store.events(EventQuery(job=job, kinds=kinds, since=at, limit=1))
+            for job, at in since.items()
+        }
+        assert {job: e.data for job, e in found.items()} == {
+            job: es[0].data for job, es in want.items() if es
+        }
+        assert all(e.kind is EventKind.TRIGGERED and e.at >= since[job] for job, e in found.items())
+    assert set(store.latest_since({"backup": T0, "report": T0}, kinds)) == {"backup", "report"}

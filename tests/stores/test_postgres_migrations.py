@@ -50,8 +50,9 @@ def create_at_version(schema: str, version: int) -> None:
     with psycopg.connect(SHARED, autocommit=True) as conn, conn.transaction():
         conn.execute(f"CREATE SCHEMA {s}")
         conn.execute(f"CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)")
-        for v in range(1, version + 1):
-            conn.execute(migration(v).replace("{s}", s))
+        for v in migrations(postgres_store.MIGRATIONS_DIR):
+            if v <= version:
+                conn.execute(migration(v).replace("{s}", s))
         conn.execute(f"INSERT INTO {s}.meta VALUES ('schema_version', %s)", (str(version),))
 
 

@@ -6,64 +6,26 @@ to the fold of the ledger, across the ring's turn."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 
 from tests.contract import end, granted, start
-from tests.contract.test_rollup import same
 
 from cronwarden.clock import FakeClock
 from cronwarden.events import Outcome
-from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup, fold
+from cronwarden.stores.rollup import ROLLUP_RUNS
 from cronwarden.stores.sqlite import SqliteStore
 
+from .rollup_upgrade import OUTCOMES, assert_end_fields_fold, old_history
 from .test_sqlite_schema import at_version
-
-END_FIELDS = [
-    f for f in Rollup._fields
-    if f.startswith("w_") or f in ("ended", "outcomes", "completed", "duration_sum", "last_success",
-                                   "bad_in_a_row", "good_in_a_row", "p50", "p95")
-]  # fmt: skip
-"""What a run's end changes in a rollup (starts and refusals keep the rest)."""
-
-OUTCOMES = ["succeeded", "failed", "succeeded", "timed_out", "lease_lost", "succeeded", "stopped"]
 
 
 def written_at_version_13(path: Path, job: str, ends: int, t0: float) -> None:
-    """``ends`` runs started and ended by plain SQL, as version 13's
-    triggers saw them (the store of that version wrote the same rows)."""
     db = sqlite3.connect(path, isolation_level=None)
     try:
-        for n in range(ends):
-            at = t0 + n * 100
-            db.execute(
-                "INSERT INTO runs (run_id, job, key, host, pid, token, slot, started_at) "
-                "VALUES (?, ?, ?, 'h', 1, ?, NULL, ?)",
-                (f"{job}-{n}", job, job, n + 1, at),
-            )
-            db.execute(
-                "UPDATE runs SET outcome = ?, ended_at = ? WHERE run_id = ?",
-                (OUTCOMES[n % len(OUTCOMES)], at + 1.0 + (n * 7919 % 13) / 4, f"{job}-{n}"),
-            )
+        old_history(db.execute, job, ends, t0)
     finally:
         db.close()
-
-
-def assert_end_fields_fold(store: SqliteStore, job: str) -> None:
-    runs = store.runs(job, 10**9)
-    ended = sorted((r for r in runs if r.outcome is not None), key=lambda r: (r.ended_at, r.started_at))
-    want = fold(job, runs, ended, [])[0]
-    kept = store.rollups()
-    assert kept is not None
-    got = kept[job]
-    for name in END_FIELDS:
-        g, w = getattr(got, name), getattr(want, name)
-        if name == "w_durations":
-            g, w = json.loads(g), json.loads(w)
-        if name in ("outcomes", "w_outcomes"):
-            g, w = dict(g), dict(w)
-        assert same(g, w), f"{name}: the store kept {g!r}, the ledger folds to {w!r}"
 
 
 def test_rollups_kept_by_version_13_are_carried_on_by_the_upgraded_ends(tmp_path: Path) -> None:

@@ -134,6 +134,23 @@ __all__ = [
 
 
 @dataclass(frozen=True, kw_only=True)
+class _Reads:
+    """What a pass reads once for every job (``Monitor._reads``)."""
+
+    rollups: Mapping[str, Rollup]
+    pauses: Mapping[str, list[Event]]
+    """Each job's newest pause event (``Monitor._pauses``)."""
+    triggers: Mapping[str, Event]
+    """Each job's newest manual start (``triggered``) since the oldest of the
+    attempts its rollup keeps, if any."""
+    attempts: Mapping[str, list[Any]]
+    """Each rollup's ``attempts``, decoded."""
+    windows: Mapping[str, list[RunRecord]]
+    """The window's runs (``Store.runs``) of each job whose ``failing`` its
+    rollup cannot decide (``Monitor._window_decides``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pass:
     """What one evaluation pass found and recorded."""
 
@@ -350,44 +367,53 @@ class Monitor:
         return self.store.rollups() or {}
 
     def _job_stats(
-        self,
-        job: str,
-        info: JobInfo | None,
-        now: float,
-        opened: list[RunRecord],
-        rollups: dict[str, Rollup],
-        pauses: Mapping[str, list[Event]] | None = None,
-        attempts: Mapping[str, list[Any]] | None = None,
-        triggers: Mapping[str, list[Event]] | None = None,
+        self, job: str, info: JobInfo | None, now: float, opened: list[RunRecord], reads: _Reads
     ) -> JobStats:
         """One job's statistics: from its rollup if that answers them, else
-        from the ledger. ``pauses``: every job's newest pause event, read
-        once for a pass (``_pauses``); ``attempts``: every rollup's attempts,
-        decoded once for a pass (``_attempts``); ``triggers``: every job's
-        newest manual start, read once for a pass (``_triggers``)."""
-        rollup = rollups.get(job)
+        from the ledger. ``reads``: what the pass read once for every job."""
+        rollup = reads.rollups.get(job)
         if rollup is not None and not opened:
-            trigger = (triggers or {}).get(job, [])
-            fast = self._from_rollup(job, info, now, rollup, None if attempts is None else attempts[job],
-                                     trigger[0] if trigger else None)  # fmt: skip
+            fast = self._from_rollup(job, info, now, rollup, reads)
             if fast is not None:
-                return self._with_pause(fast, pauses)
-        return self._with_pause(self._read(job, info, now, opened), pauses)
+                return self._with_pause(fast, reads.pauses)
+        return self._with_pause(self._read(job, info, now, opened), reads.pauses)
+
+    def _reads(
+        self, known: Mapping[str, JobInfo | None], rollups: dict[str, Rollup], opened: Mapping[str, Any]
+    ) -> _Reads:
+        """What a pass over ``known`` reads once for every job rather than
+        once per job (``opened``: the jobs with open runs, which are read
+        from the ledger)."""
+        # Every rollup's attempts decoded in one json.loads: one call per job costs more than the parsing.
+        decoded = json.loads("[" + ",".join(r.attempts for r in rollups.values()) + "]")
+        ordered = [job for job, r in rollups.items() if job in known and job not in opened
+                   and self._window_decides(r, self.rules_of(job))]  # fmt: skip
+        attempts = dict(zip(rollups, decoded, strict=True))
+        # A manual start matters only if it may be among the attempts a job's row keeps.
+        kept_since = {job: min((a[0] for a in attempts[job]), default=-1e300) for job in rollups
+                      if job in known and job not in opened}  # fmt: skip
+        return _Reads(
+            rollups=rollups,
+            pauses=self._pauses(list(known)),
+            triggers=self.store.latest_since(kept_since, (EventKind.TRIGGERED,)) if kept_since else {},
+            attempts=attempts,
+            windows=self.store.latest_runs(ordered, self.thresholds.runs) if ordered else {},
+        )
 
     @staticmethod
-    def _attempts(rollups: Mapping[str, Rollup]) -> dict[str, list[Any]]:
-        """Every rollup's ``attempts`` decoded, in one ``json.loads`` for a
-        pass (one call per job costs more than the parsing)."""
-        decoded = json.loads("[" + ",".join(r.attempts for r in rollups.values()) + "]")
-        return dict(zip(rollups, decoded, strict=True))
+    def _window_decides(r: Rollup, rules: JobRules) -> bool:
+        """Whether ``failing`` depends on the order of the window's runs: a
+        bad ending in it, not followed by enough successes for the rollup's
+        counts alone to say it is over."""
+        outcomes = r.w_outcomes
+        need = rules.recovery_threshold
+        return any(outcomes.get(o, 0) for o in ROLLUP_BAD_OUTCOMES) and (
+            r.good_in_a_row < need or outcomes.get(Outcome.SUCCEEDED, 0) < need
+        )
 
     def _pauses(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
         """Each job's newest pause event, in one read for a pass."""
         return self.store.latest_events(jobs, PAUSE_KINDS, 1)
-
-    def _triggers(self, jobs: Sequence[str]) -> Mapping[str, list[Event]]:
-        """Each job's newest manual start (``triggered``), in one read for a pass."""
-        return self.store.latest_events(jobs, (EventKind.TRIGGERED,), 1)
 
     def _with_pause(self, stats: JobStats, pauses: Mapping[str, list[Event]] | None = None) -> JobStats:
         """A scheduled job's pause (``cronwarden pause``), one indexed read:
@@ -411,33 +437,29 @@ class Monitor:
         return dataclasses.replace(stats, paused=last.kind is not EventKind.JOB_RESUMED, last_attempt=attempt)
 
     def _from_rollup(
-        self,
-        job: str,
-        info: JobInfo | None,
-        now: float,
-        r: Rollup,
-        attempts: list[Any] | None = None,
-        trigger: Event | None = None,
+        self, job: str, info: JobInfo | None, now: float, r: Rollup, reads: _Reads | None = None
     ) -> JobStats | None:
         """The statistics ``_read`` would compute, from the job's rollup, or
         None where the rollup cannot say (the ledger is read then): a stale
         row, a window with a flagged run (an abandoned run, another lease
         key, a start before an earlier end: an overlap to find), a window
         older than ``days``, skips or overlap events the row does not hold,
-        a manual start (``trigger``, the job's newest) that may be among the
-        attempts the row keeps (it counts them all; a manual one is none).
+        a manual start (``triggered``, read for every job in ``reads``) that
+        may be among the attempts the row keeps (it counts them all; a
+        manual one is none).
         A window with a bad ending that enough successes have not followed
         reads the window's runs (not its events) for ``failing``, whose
-        streaks depend on their order. ``attempts``: ``r.attempts`` decoded
-        (``_attempts``), if the caller has. The job has no open run (the
-        caller checks)."""
+        streaks depend on their order. ``reads``: the pass's reads for every
+        job (``_reads``), if the caller has them. The job has no open run
+        (the caller checks)."""
         import math
 
         t = self.thresholds
         since = now - t.days * 86400
         if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
             return None
-        decoded = json.loads(r.attempts) if attempts is None else attempts
+        decoded = json.loads(r.attempts) if reads is None else reads.attempts[job]
+        trigger = reads.triggers.get(job) if reads is not None else None
         if trigger is not None and trigger.at >= min((a[0] for a in decoded), default=-math.inf):
             return None  # its triggered event is written after its start or refusal
         window_start = r.w_oldest if r.w_runs >= t.runs else since
@@ -452,12 +474,9 @@ class Monitor:
         rules = self.rules_of(job)
         outcomes = dict(r.w_outcomes)
         failing = None
-        if any(outcomes.get(o, 0) for o in ROLLUP_BAD_OUTCOMES):
-            # failing is decided without the window's order only once enough successes followed;
-            # else by the order of its runs: one bounded read of them, no events.
-            need = rules.recovery_threshold
-            if r.good_in_a_row < need or outcomes.get(Outcome.SUCCEEDED, 0) < need:
-                failing = _failing([x for x in self.store.runs(job, t.runs) if x.started_at >= since], rules)
+        if self._window_decides(r, rules):  # the window's runs, in order: one bounded read, no events
+            recent = reads.windows[job] if reads is not None else self.store.runs(job, t.runs)
+            failing = _failing([x for x in recent if x.started_at >= since], rules)
         period, schedule_error = self._period(info, now)
         schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
@@ -488,14 +507,9 @@ class Monitor:
         by_job: dict[str, list[RunRecord]] = {}
         for r in opened:
             by_job.setdefault(r.job, []).append(r)
-        rollups = self._rollups()
         known = self.known_jobs(opened)
-        pauses, triggers = self._pauses(list(known)), self._triggers(list(known))
-        attempts = self._attempts(rollups)
-        return [
-            self._job_stats(name, info, now, by_job.get(name, []), rollups, pauses, attempts, triggers)
-            for name, info in known.items()
-        ]
+        reads = self._reads(known, self._rollups(), by_job)
+        return [self._job_stats(name, info, now, by_job.get(name, []), reads) for name, info in known.items()]
 
     # -- findings ---------------------------------------------------------
 
@@ -561,11 +575,9 @@ class Monitor:
         known = self.known_jobs(opened)
         # Every job's finding states in one read, not one per job.
         read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
-        pauses, triggers = self._pauses(list(known)), self._triggers(list(known))
-        attempts = self._attempts(rollups)
+        reads = self._reads(known, rollups, by_job)
         for name, info in known.items():
-            mine = by_job.get(name, [])
-            stats = self._job_stats(name, info, now, mine, rollups, pauses, attempts, triggers)
+            stats = self._job_stats(name, info, now, by_job.get(name, []), reads)
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:

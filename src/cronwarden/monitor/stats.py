@@ -241,7 +241,9 @@ def newest_slot(
     an upper bound of how many (exact when the slots were recorded, or when
     it is 1), for one cron walk instead of one per attempt. A count of 1
     means the slot is not crowded: what ``crowded`` needs to know."""
-    newest = sorted(attempts, key=lambda a: a[0], reverse=True)[:16]
+    newest = list(attempts)
+    if len(newest) > 16:
+        newest = sorted(newest, key=lambda a: a[0], reverse=True)[:16]
     if not newest:
         return ()
     try:
@@ -249,7 +251,7 @@ def newest_slot(
     except UsageError:
         return ()
     early = min(60.0, period / 10)
-    at, slot = newest[0]
+    at, slot = max(newest, key=lambda a: a[0])  # the first of the latest, as a stable sort gives
     first = float(slot) if slot is not None else float(sched.slot(at + early))
     # A computed slot is the latest fire at or before at + early: every later
     # attempt at or after that fire (less early) is in it.

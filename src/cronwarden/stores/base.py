@@ -495,6 +495,17 @@ class Store(abc.ABC):
         :raises StoreError: the store is not usable
         """
 
+    def latest_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        """For each of ``jobs``, what ``runs(job, limit)`` returns, by job. A
+        store with a round trip per read answers in one (the monitor reads
+        the windows of the jobs whose rollup cannot say if they are
+        failing). Here: one ``runs`` read per job.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        return {job: self.runs(job, limit) for job in jobs}
+
     @abc.abstractmethod
     def run(self, run_id: str) -> RunRecord | None:
         """One run's record (``expires_in`` None), or None if no run has
@@ -528,6 +539,26 @@ class Store(abc.ABC):
         :raises StoreError: the store is not usable
         """
         return {job: self.events(EventQuery(job=job, kinds=kinds, limit=limit)) for job in jobs}
+
+    def latest_since(self, since: Mapping[str, float], kinds: Sequence[EventKind]) -> dict[str, Event]:
+        """For each job of ``since``, its newest event of ``kinds`` at or
+        after ``since[job]`` (the first of ``events(EventQuery(job=job,
+        kinds=kinds, since=since[job], limit=1))``), by job; a job with none
+        is left out. Each job's read is bounded by its own time, so a store
+        can answer for every job in one read that grows with what is that
+        recent, not with the ledger (the monitor asks whether a manual start
+        is among the attempts a rollup keeps). Here: one ``events`` read per
+        job.
+
+        :raises StoreUnavailable: the store cannot be reached right now
+        :raises StoreError: the store is not usable
+        """
+        found = {}
+        for job, at in since.items():
+            newest = self.events(EventQuery(job=job, kinds=kinds, since=at, limit=1))
+            if newest:
+                found[job] = newest[0]
+        return found
 
     @abc.abstractmethod
     def lease(self, key: str) -> LeaseInfo | None:

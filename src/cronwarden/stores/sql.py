@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,9 @@ class SqlStore(Store):
 
     _shared: dict[str, str]
     _param: str
+    _q: dict[str, str]
+    """The store's own statements (its ``queries.sql``): ``latest_since``'s
+    differs, each walking its own index of the events."""
 
     def _use_shared_queries(self, schema: str, param: str) -> None:
         self._param = param
@@ -276,6 +280,12 @@ class SqlStore(Store):
             if e.job in found:
                 found[e.job].append(e)
         return found
+
+    def latest_since(self, since: Mapping[str, float], kinds: Sequence[EventKind]) -> dict[str, Event]:
+        if not since or not kinds:
+            return super().latest_since(since, kinds)
+        sql = self._q["latest_since"].replace("{kinds}", _kinds_in(tuple(kinds)))
+        return {e.job: e for e in self._events_of(self._fetch(sql, (json.dumps(dict(since)),)))}
 
     def _events_sql(self, query: EventQuery) -> tuple[str, list[Any]]:
         """The statement and arguments of ``events(query)``."""

@@ -626,6 +626,12 @@ class PostgresStore(SqlStore):
             rows = self._fetch(self._q["open_runs_of_job"], (job,))
         return [run_from_row(row[:-1], expires_in=row[-1]) for row in rows]
 
+    def latest_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        found: dict[str, list[RunRecord]] = {job: [] for job in jobs}
+        for row in self._fetch(self._q["latest_runs"], (list(jobs), limit)):
+            found[row[1]].append(run_from_row(row))
+        return found
+
     def lease(self, key: str) -> LeaseInfo | None:
         rows = self._fetch(self._q["lease"], (key,))
         if not rows:

@@ -123,6 +123,29 @@ FROM {s}.leases l JOIN {s}.runs r ON r.run_id = l.owner AND r.key = l.key
 WHERE r.outcome IS NULL
 ORDER BY r.started_at;
 
+-- name: latest_runs --
+-- Store.latest_runs: each of the jobs' latest %s runs, newest first, in one
+-- round trip: one bounded read of the index runs (job, started_at) per job.
+SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
+       r.exit_code, r.detail
+FROM unnest(%s::text[]) AS j(job)
+CROSS JOIN LATERAL (
+    SELECT * FROM {s}.runs WHERE runs.job = j.job ORDER BY started_at DESC LIMIT %s
+) AS r
+ORDER BY r.job, r.started_at DESC;
+
+-- name: latest_since --
+-- Store.latest_since: each job's newest event of some kinds at or after its
+-- own time (%s is a JSON object of job: time), in one round trip: one probe of
+-- the index events (job, kind, at) per job. {kinds} is stores/sql.py's kind IN (...).
+SELECT e.seq, e.event_id, e.kind, e.job, e.run_id, e.at, e.data
+FROM jsonb_each_text(%s::jsonb) AS j(job, since)
+CROSS JOIN LATERAL (
+    SELECT seq, event_id, kind, job, run_id, at, data FROM {s}.events
+    WHERE events.job = j.job AND at >= j.since::float8 AND {kinds}
+    ORDER BY at DESC, seq LIMIT 1
+) AS e;
+
 -- name: open_runs_of_job --
 SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
        r.exit_code, r.detail, extract(epoch FROM l.expires - clock_timestamp())::float8
@@ -176,9 +199,10 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 INSERT INTO {s}.rollups (job, stale, ended, outcomes, completed, duration_sum, last_start, last_success,
     bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, skip_times, w_runs,
     w_oldest, w_flagged, w_completed, w_outcomes, w_durations, p50, p95, w_max, w_last_success, attempts,
-    recent)
-VALUES (%s, %s::integer::boolean, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s,
-    %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s::jsonb, %s::jsonb)
+    w_starts, w_ends, w_results, w_flags)
+SELECT %s, %s::integer::boolean, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s,
+    %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s::jsonb, e.starts, e.ends, e.results, e.flags
+FROM {s}.rollup_entries(%s::jsonb) e
 ON CONFLICT (job) DO NOTHING;
 
 -- name: update_rollup --
@@ -191,7 +215,8 @@ UPDATE {s}.rollups SET stale = v.stale, ended = v.ended, outcomes = v.outcomes, 
     last_refusal = v.last_refusal, last_overlap = v.last_overlap, skip_times = v.skip_times,
     w_runs = v.w_runs, w_oldest = v.w_oldest, w_flagged = v.w_flagged, w_completed = v.w_completed,
     w_outcomes = v.w_outcomes, w_durations = v.w_durations, p50 = v.p50, p95 = v.p95, w_max = v.w_max,
-    w_last_success = v.w_last_success, attempts = v.attempts, recent = v.recent
+    w_last_success = v.w_last_success, attempts = v.attempts, w_starts = e.starts, w_ends = e.ends,
+    w_results = e.results, w_flags = e.flags
 FROM (SELECT %s AS job, %s::integer::boolean AS stale, %s::bigint AS ended, %s::jsonb AS outcomes,
              %s::bigint AS completed, %s::float8 AS duration_sum, %s::float8 AS last_start,
              %s::float8 AS last_success, %s::integer AS bad, %s::integer AS good, %s::bigint AS skips,
@@ -199,7 +224,7 @@ FROM (SELECT %s AS job, %s::integer::boolean AS stale, %s::bigint AS ended, %s::
              %s::jsonb AS skip_times, %s::integer AS w_runs, %s::float8 AS w_oldest, %s::integer AS w_flagged,
              %s::integer AS w_completed, %s::jsonb AS w_outcomes, %s::jsonb AS w_durations, %s::float8 AS p50,
              %s::float8 AS p95, %s::float8 AS w_max, %s::float8 AS w_last_success, %s::jsonb AS attempts,
-             %s::jsonb AS recent) v
+             %s::jsonb AS recent) v, {s}.rollup_entries(v.recent) e
 WHERE {s}.rollups.job = v.job AND {s}.rollups.ended = %s::bigint
     AND coalesce({s}.rollups.last_start, '-Infinity') = coalesce(%s::float8, '-Infinity')
     AND {s}.rollups.skips = %s::bigint

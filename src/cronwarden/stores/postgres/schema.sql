@@ -160,7 +160,6 @@ CREATE TABLE {s}.rollups (
     last_refusal   double precision,
     last_overlap   double precision,
     skip_times     jsonb NOT NULL DEFAULT '[]',  -- the latest 50 skipped times
-    recent         jsonb NOT NULL DEFAULT '[]',  -- the window: [start, end, outcome, flagged], oldest first
     w_runs         integer NOT NULL DEFAULT 0,
     w_oldest       double precision,
     w_flagged      integer NOT NULL DEFAULT 0,
@@ -171,5 +170,12 @@ CREATE TABLE {s}.rollups (
     p95            double precision,
     w_max          double precision,
     w_last_success double precision,
-    attempts       jsonb NOT NULL DEFAULT '[]'  -- the latest 16 attempts: [time, slot or null]
+    attempts       jsonb NOT NULL DEFAULT '[]',  -- the latest 16 attempts: [time, slot or null]
+    -- The window's entries, oldest ending first, one array per field: an end
+    -- shifts each by one element (a JSON array of entries was decoded and
+    -- encoded whole at every end, most of what the end cost).
+    w_starts       double precision[] NOT NULL DEFAULT '{}',
+    w_ends         double precision[] NOT NULL DEFAULT '{}',
+    w_results      text[] NOT NULL DEFAULT '{}',
+    w_flags        integer[] NOT NULL DEFAULT '{}'
 );

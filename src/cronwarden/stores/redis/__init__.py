@@ -56,7 +56,7 @@ import itertools
 import json
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis import exceptions as redis_errors
@@ -551,7 +551,11 @@ class RedisStore(Store):
         if query.run_id is not None:
             return self._run_events(query.run_id, query, kinds, limit)
         jobs = [query.job] if query.job is not None else self._ledger_jobs()
-        picks = self._picks([self._index(job) for job in jobs], kinds or ["@"], query, limit)
+        low = "" if query.since is None else ordhex(float(query.since))
+        found = self._picks(
+            {self._index(job): low for job in jobs}, kinds or ["@"], query.newest_first, limit
+        )
+        picks = [pick for each in found.values() for pick in each]
         if query.newest_first:
             picks.sort(key=lambda pick: (-pick[0], pick[1]))
         else:
@@ -666,27 +670,29 @@ class RedisStore(Store):
         return found[:limit]
 
     def _picks(
-        self, indexes: list[str], families: list[str], query: EventQuery, limit: int
-    ) -> list[tuple[float, str]]:
-        """(at, seq) of the first ``limit`` events of each family (``@`` for
-        all by time, or a kind) in each job index, plus every event tied with
+        self, lows: Mapping[str, str], families: list[str], newest_first: bool, limit: int
+    ) -> dict[str, list[tuple[float, str]]]:
+        """For each job index of ``lows`` (with the ordhex time its events
+        start at, or ""), (at, seq) of the first ``limit`` events of each
+        family (``@`` for all by time, or a kind), plus every event tied with
         the last one taken, so that ties can be ordered by seq as SQLite does
-        (newest first is ``at`` descending, then ``seq`` ascending)."""
-        low = "" if query.since is None else ordhex(float(query.since))
-        ranges = [(index, family) for index in indexes for family in families]
+        (newest first is ``at`` descending, then ``seq`` ascending). Every
+        index in the same two round trips."""
+        ranges = [(index, family) for index in lows for family in families]
 
         def first(pipe: Pipeline) -> None:
             for index, family in ranges:
-                if query.newest_first:
+                low = lows[index]
+                if newest_first:
                     pipe.zrevrangebylex(index, f"({family}}}", f"[{family}|{low}", start=0, num=limit)
                 else:
                     pipe.zrangebylex(index, f"[{family}|{low}", f"({family}}}", start=0, num=limit)
 
-        members: list[str] = []
+        members: dict[str, list[str]] = {index: [] for index in lows}
         edges: list[tuple[str, str, str]] = []
         for (index, family), got in zip(ranges, self._read(first) if ranges else [], strict=True):
-            members += got
-            if query.newest_first and len(got) == limit:
+            members[index] += got
+            if newest_first and len(got) == limit:
                 edges.append((index, family, got[-1].split("|", 2)[1]))
 
         def ties(pipe: Pipeline) -> None:
@@ -694,13 +700,50 @@ class RedisStore(Store):
                 pipe.zrangebylex(index, f"[{family}|{hexat}|", f"({family}|{hexat}}}")
 
         if edges:
-            for got in self._read(ties):
-                members += got
-        picks: dict[str, tuple[float, str]] = {}
-        for member in members:
-            _, hexat, seq = member.split("|", 3)[:3]
-            picks[seq] = (unordhex(hexat), seq)
-        return list(picks.values())
+            for (index, _, _), got in zip(edges, self._read(ties), strict=True):
+                members[index] += got
+        found: dict[str, list[tuple[float, str]]] = {}
+        for index, got in members.items():
+            picks: dict[str, tuple[float, str]] = {}
+            for member in got:
+                _, hexat, seq = member.split("|", 3)[:3]
+                picks[seq] = (unordhex(hexat), seq)
+            found[index] = list(picks.values())
+        return found
+
+    def _newest_each(
+        self, lows: Mapping[str, str], kinds: Sequence[EventKind], limit: int
+    ) -> dict[str, list[Event]]:
+        """Each job's newest ``limit`` events of ``kinds`` from its own time
+        (``lows``: job to an ordhex time, or ""), in three round trips for
+        every job together, ordered as ``events`` orders them."""
+        families = sorted({EventKind(k).value for k in kinds})
+        job_of = {self._index(job): job for job in lows}
+        found = self._picks({index: lows[job] for index, job in job_of.items()}, families, True, limit)
+        chosen: dict[str, list[str]] = {}
+        for index, picks in found.items():
+            picks.sort(key=lambda pick: (-pick[0], pick[1]))
+            chosen[job_of[index]] = [seq for _, seq in picks[:limit]]
+        seqs = [seq for each in chosen.values() for seq in each]
+        [raw] = self._read(lambda pipe: pipe.hmget(self._k_ev, seqs)) if seqs else [[]]
+        recs = dict(zip(seqs, raw, strict=True))
+        return {
+            job: [event(seq, recs[seq]) for seq in each if recs[seq] is not None]
+            for job, each in chosen.items()
+        }
+
+    def latest_events(
+        self, jobs: Sequence[str], kinds: Sequence[EventKind], limit: int
+    ) -> dict[str, list[Event]]:
+        if not kinds or limit == 0:
+            return super().latest_events(jobs, kinds, limit)
+        return self._newest_each(dict.fromkeys(jobs, ""), kinds, limit if limit > 0 else 2**62)
+
+    def latest_since(self, since: Mapping[str, float], kinds: Sequence[EventKind]) -> dict[str, Event]:
+        if not kinds:
+            return super().latest_since(since, kinds)
+        found = self._newest_each({job: ordhex(float(at)) for job, at in since.items()}, kinds, 1)
+        return {job: each[0] for job, each in found.items() if each}
 
     def lease(self, key: str) -> LeaseInfo | None:
         p = self.prefix

@@ -57,13 +57,14 @@ local function rollup_of(job)
   if raw then
     r = no_nulls(cjson.decode(raw))
     for _, a in ipairs(r.attempts) do if a[2] == cjson.null then a[2] = nil end end
-    r.window = cjson.decode(redis.call('HGET', ROLLUPS[3], job) or '[]')
+    r.window_json = redis.call('HGET', ROLLUPS[3], job) or '[]'
+    r.window = cjson.decode(r.window_json)
+    r.durations = cjson.decode(redis.call('HGET', ROLLUPS[2], job) or '[]')
   else
     r = {stale = false, ended = 0, outcomes = {}, completed = 0, duration_sum = 0, bad_in_a_row = 0,
       good_in_a_row = 0, skips = 0, skips_in_a_row = 0, skip_times = {}, w_outcomes = {}, window = {},
-      attempts = {}}
+      window_json = '[]', durations = {}, attempts = {}}
   end
-  r.durations = {}
   LOADED[job] = r
   return r
 end
@@ -98,6 +99,20 @@ local function rollup_refusal(r, kind, at)
   end
 end
 
+-- The place in ascending d of the first value not below v.
+local function rank(d, v)
+  local lo, hi = 1, #d + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if d[mid] < v then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+-- A run ends: the lifetime counters, then the window's statistics from the
+-- entry that comes in and, in a full window, the oldest-ending entry x that
+-- goes out, not recomputed over the window. The stored window (JSON) loses
+-- x's text and gains the new entry's; the other 49 are not encoded again.
 local function rollup_end(r, job, outcome, started, ended, key)
   r.ended = r.ended + 1
   r.outcomes[outcome] = (r.outcomes[outcome] or 0) + 1
@@ -111,22 +126,46 @@ local function rollup_end(r, job, outcome, started, ended, key)
   elseif BAD[outcome] then
     r.bad_in_a_row, r.good_in_a_row = r.bad_in_a_row + 1, 0
   end
-  local w = r.window
-  if #w >= ROLLUP_RUNS then table.remove(w, 1) end  -- the oldest makes room
-  local flagged = (outcome == 'abandoned' or key ~= job) and 1 or 0
-  for _, e in ipairs(w) do if e[2] > started then flagged = 1 end end
-  w[#w + 1] = {started, ended, outcome, flagged}
-  local d, outs, oldest, nflag, last_ok = {}, {}, nil, 0, nil
-  for _, e in ipairs(w) do
-    if COMPLETED[e[3]] then d[#d + 1] = e[2] - e[1] end
-    outs[e[3]] = (outs[e[3]] or 0) + 1
-    oldest = math.min(oldest or e[1], e[1])
-    nflag = nflag + e[4]
-    if e[3] == 'succeeded' then last_ok = math.max(last_ok or e[2], e[2]) end
+  local w, d = r.window, r.durations
+  local x = nil
+  if #w >= ROLLUP_RUNS then  -- the oldest makes room
+    x = table.remove(w, 1)
+    local close = string.find(r.window_json, ']', 3, true)  -- x's own: entries hold no brackets
+    r.window_json = '[' .. string.sub(r.window_json, close + 2)
   end
-  table.sort(d)
-  r.w_runs, r.w_oldest, r.w_flagged, r.w_completed, r.w_outcomes = #w, oldest, nflag, #d, outs
-  r.w_last_success, r.durations, r.changed_window = last_ok, d, true
+  local flagged = (outcome == 'abandoned' or key ~= job) and 1 or 0
+  for _, e in ipairs(w) do if e[2] > started then flagged = 1 break end end
+  w[#w + 1] = {started, ended, outcome, flagged}
+  local text = '[' .. num(started) .. ',' .. num(ended) .. ',"' .. outcome .. '",' .. num(flagged) .. ']'
+  r.window_json = #w == 1 and '[' .. text .. ']' or string.sub(r.window_json, 1, -2) .. ',' .. text .. ']'
+  local outs = r.w_outcomes
+  outs[outcome] = (outs[outcome] or 0) + 1
+  if COMPLETED[outcome] then table.insert(d, rank(d, ended - started), ended - started) end
+  r.w_flagged = (r.w_flagged or 0) + flagged
+  if x then
+    outs[x[3]] = outs[x[3]] - 1
+    if outs[x[3]] == 0 then outs[x[3]] = nil end
+    if COMPLETED[x[3]] then table.remove(d, rank(d, x[2] - x[1])) end
+    r.w_flagged = r.w_flagged - x[4]
+  end
+  -- The earliest start and the latest success leave with x only if x had them.
+  if x == nil or x[1] > r.w_oldest then
+    r.w_oldest = math.min(r.w_oldest or started, started)
+  else
+    local oldest = started
+    for _, e in ipairs(w) do oldest = math.min(oldest, e[1]) end
+    r.w_oldest = oldest
+  end
+  if x == nil or x[3] ~= 'succeeded' or x[2] < r.w_last_success then
+    if outcome == 'succeeded' then r.w_last_success = math.max(r.w_last_success or ended, ended) end
+  else
+    local last_ok = nil
+    for _, e in ipairs(w) do
+      if e[3] == 'succeeded' then last_ok = math.max(last_ok or e[2], e[2]) end
+    end
+    r.w_last_success = last_ok
+  end
+  r.w_runs, r.w_completed, r.changed_window = #w, #d, true
   if #d > 0 then
     r.p50, r.p95, r.w_max = rollup_quantile(d, 0.5), rollup_quantile(d, 0.95), d[#d]
   else
@@ -171,14 +210,10 @@ local function rollup_apply(events)
       .. ',"w_max":' .. num(r.w_max) .. ',"w_last_success":' .. num(r.w_last_success)
       .. ',"attempts":' .. attempts_json(r.attempts) .. '}'
     if r.changed_window then
-      local entries = {}
-      for i, e in ipairs(r.window) do
-        entries[i] = '[' .. num(e[1]) .. ',' .. num(e[2]) .. ',"' .. e[3] .. '",' .. num(e[4]) .. ']'
-      end
       durations[#durations + 1] = job
       durations[#durations + 1] = nums(r.durations)
       windows[#windows + 1] = job
-      windows[#windows + 1] = '[' .. table.concat(entries, ',') .. ']'
+      windows[#windows + 1] = r.window_json
     end
   end
   redis.call('HSET', ROLLUPS[1], unpack(summaries))

@@ -254,3 +254,13 @@ DELETE FROM outbox_rejected WHERE seq IN ({ids});
 
 -- name: prune_acks_of --
 DELETE FROM outbox_acks WHERE seq IN ({ids});
+
+-- name: latest_since --
+-- Store.latest_since: each job's newest event of some kinds at or after its
+-- own time (? is a JSON object of job: time), one bounded walk of the index
+-- events (job, at) per job, newest first. {kinds} is stores/sql.py's kind IN (...).
+SELECT e.seq, e.event_id, e.kind, e.job, e.run_id, e.at, e.data
+FROM json_each(?) AS j
+JOIN events AS e ON e.seq = (
+    SELECT seq FROM events WHERE job = j.key AND at >= j.value AND {kinds} ORDER BY at DESC, seq LIMIT 1
+);

@@ -1,0 +1,54 @@
+"""A PostgreSQL store whose rollups were kept by the functions of the version
+before the window's arrays (one JSON array of entries, the statistics
+recomputed at every end) is upgraded: the window survives the move to an
+array per field, and the ends written after the upgrade keep every statistic
+of an end equal to the fold of the ledger, across the window's turn."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from tests.contract import end, granted, start
+
+from cronwarden.events import Outcome
+from cronwarden.stores import open_store
+from cronwarden.stores.rollup import ROLLUP_RUNS
+from cronwarden.stores.sql import migrations
+
+from .rollup_upgrade import OUTCOMES, assert_end_fields_fold, old_history
+from .test_postgres_migrations import SHARED, create_at_version, psycopg, schema, version_of
+
+pytestmark = pytest.mark.postgres
+postgres_store = pytest.importorskip("cronwarden.stores.postgres")
+BEFORE = max(v for v in migrations(postgres_store.MIGRATIONS_DIR) if v < 18)
+"""The newest version before the window's arrays (migration 18)."""
+
+__all__ = ["schema"]  # the fixture
+
+
+def test_rollups_kept_before_the_window_arrays_are_carried_on_by_the_upgraded_ends(schema: str) -> None:
+    create_at_version(schema, BEFORE)
+    t0 = 1_760_000_000.0
+    with psycopg.connect(SHARED, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+
+        def execute(sql: str, args: Sequence[Any]) -> None:
+            conn.execute(sql.replace("?", "%s"), args)
+
+        old_history(execute, "nightly", 73, t0)  # a full window, 23 ends past its turn
+        old_history(execute, "young", 7, t0)
+
+    with open_store(f"{SHARED}?schema={schema}") as store:
+        assert version_of(schema) == postgres_store.SCHEMA_VERSION
+        assert_end_fields_fold(store, "nightly")
+        assert_end_fields_fold(store, "young")
+        t = t0 + 10_000
+        for n in range(ROLLUP_RUNS + 9):
+            g = granted(store.acquire(start("nightly", at=t)))
+            store.finish(g.lease, end(Outcome(OUTCOMES[n % len(OUTCOMES)]), at=t + 0.5 + (n * 31 % 17)))
+            t += 100
+            if n % 10 == 0:
+                assert_end_fields_fold(store, "nightly")
+        assert_end_fields_fold(store, "nightly")
