@@ -119,6 +119,27 @@ def test_rollup_equals_the_fold_of_the_ledger(store: Store, steps: list[tuple[st
     assert not kept[job].stale
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    before=st.lists(step, min_size=1, max_size=ROLLUP_RUNS + 5),
+    after=st.lists(step, min_size=1, max_size=ROLLUP_RUNS + 5),
+)
+def test_ends_after_a_rebuild_carry_on_from_the_rebuilt_window(
+    store: Store, before: list[tuple[str, Outcome, float]], after: list[tuple[str, Outcome, float]]
+) -> None:
+    # An end takes the leaving entry out of what the rebuild wrote (each
+    # store's own form of the window and its sorted durations), not of what
+    # its own ends wrote.
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    play(store, job, before, t0=1_760_000_000.5)
+    store.rebuild_rollups([job])
+    play(store, job, after, t0=1_760_000_000.5 + 10**6)
+
+    kept = store.rollups()
+    assert kept is not None
+    assert_same(kept[job], from_ledger(store, job))
+
+
 def test_rebuild_changes_nothing_and_restores_a_lost_row(store: Store) -> None:
     job = "nightly"
     steps = [("run", Outcome.SUCCEEDED, 3.0), ("skip", Outcome.FAILED, 2), ("run", Outcome.TIMED_OUT, 5.0)]
@@ -191,6 +212,7 @@ def test_a_plain_history_is_answered_by_the_rollup_alone(store: Store) -> None:
     kept = store.rollups()
     assert kept is not None
     monitor = Monitor(store, clock=FakeClock(start=1_760_000_000.0 + 3600))
-    stats = monitor._from_rollup("plain", None, monitor.clock.wall(), kept["plain"])
-    assert stats is not None, "a history without overlaps, abandons or shards needs no ledger read"
+    found = monitor._from_rollup("plain", None, monitor.clock.wall(), kept["plain"])
+    assert found is not None, "a history without overlaps, abandons or shards needs no ledger read"
+    stats, _ = found
     assert stats.runs == 31 and stats.skips == 10 and stats.failures == 10
