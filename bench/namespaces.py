@@ -17,7 +17,10 @@ def url_for(store: str, unique: str) -> str:
 
 
 def cleanup(store: str, unique: str) -> None:
-    """Drop the namespace's schema or delete its keys (nothing for SQLite)."""
+    """Drop the namespace's schema or delete its keys (nothing for SQLite).
+    Keys go by ``UNLINK``: the server frees them in the background, where a
+    ``DEL`` of a run's big hashes (a million fields) holds the server for
+    seconds, and every other client of a shared server meanwhile times out."""
     if store == "postgres":
         import psycopg
 
@@ -32,9 +35,9 @@ def cleanup(store: str, unique: str) -> None:
             for key in client.scan_iter(match=f"cw_bench_{unique}:*", count=1000):
                 batch.append(key)
                 if len(batch) >= 500:
-                    client.delete(*batch)
+                    client.unlink(*batch)
                     batch.clear()
             if batch:
-                client.delete(*batch)
+                client.unlink(*batch)
         finally:
             client.close()

@@ -669,7 +669,8 @@ class PostgresStore(SqlStore):
             self._call(lambda c: c.execute(self._q["forget_rejected"], (sink, ids)))
 
     def _prune_step(self, job: str, bound: float, limit: int) -> tuple[int, int, int]:
-        sql, args = self._q["prune_due"].replace("{pruned}", pruned_kinds_sql()), (job, bound, limit)
+        sql = self._q["prune_due"].replace("{pruned}", pruned_kinds_sql())
+        args = (job, bound, limit, limit)
         row = self._call(lambda c: c.execute(sql, args).fetchone())
         assert row is not None  # counts: always one row
         return int(row[0]), int(row[1]), int(row[2])

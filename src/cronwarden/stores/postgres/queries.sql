@@ -233,16 +233,27 @@ WHERE {s}.rollups.job = v.job AND {s}.rollups.ended = %s::bigint
 
 -- name: prune_due --
 -- Retention's next step for one job, one statement: its oldest events
--- before the cutoff (the job's retention bound), through events (job, kind,
--- at) for each kind retention prunes ({pruned}), never an open run's; with
+-- before the cutoff (the job's retention bound), never an open run's; with
 -- them the finished runs whose `started` they are, and the sinks' dead
 -- letters and acknowledgments of them. Returns the runs and events deleted
--- and the events chosen.
+-- and the events chosen. The step's work is bounded by its limit (given
+-- twice), whatever the backlog: the oldest of each kind
+-- retention prunes ({pruned}) through events (job, kind, at), then the
+-- oldest of those; whether its run is open, a probe of the runs' primary
+-- key per event (a scalar subquery: as `NOT IN` or `NOT EXISTS` the planner
+-- reads every open run first, and open runs have no index: a scan of runs).
+-- (One range over all the kinds would be sorted whole before the
+-- limit, and `NOT IN (open runs)` would read every run: each step would
+-- read the whole backlog and the whole runs table.)
 WITH due AS (
-  SELECT e.seq, e.run_id, e.kind FROM {s}.events e
-  WHERE e.job = %s AND e.at < %s AND e.kind IN ({pruned})
-    AND (e.run_id IS NULL OR e.run_id NOT IN (SELECT run_id FROM {s}.runs WHERE outcome IS NULL))
-  ORDER BY e.at, e.seq LIMIT %s
+  SELECT d.seq, d.run_id, d.kind FROM unnest(ARRAY[{pruned}]::text[]) AS k (kind)
+  CROSS JOIN LATERAL (
+    SELECT e.seq, e.run_id, e.kind, e.at FROM {s}.events e
+    WHERE e.job = %s AND e.kind = k.kind AND e.at < %s
+      AND NOT coalesce((SELECT r.outcome IS NULL FROM {s}.runs r WHERE r.run_id = e.run_id), false)
+    ORDER BY e.at, e.seq LIMIT %s
+  ) d
+  ORDER BY d.at, d.seq LIMIT %s
 ), gone_runs AS (
   DELETE FROM {s}.runs r USING due
   WHERE due.kind = 'started' AND r.run_id = due.run_id AND r.outcome IS NOT NULL RETURNING 1
