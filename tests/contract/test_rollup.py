@@ -212,6 +212,7 @@ def test_a_plain_history_is_answered_by_the_rollup_alone(store: Store) -> None:
     kept = store.rollups()
     assert kept is not None
     monitor = Monitor(store, clock=FakeClock(start=1_760_000_000.0 + 3600))
-    stats = monitor._from_rollup("plain", None, monitor.clock.wall(), kept["plain"])
-    assert stats is not None, "a history without overlaps, abandons or shards needs no ledger read"
+    found = monitor._from_rollup("plain", None, monitor.clock.wall(), kept["plain"])
+    assert found is not None, "a history without overlaps, abandons or shards needs no ledger read"
+    stats, _ = found
     assert stats.runs == 31 and stats.skips == 10 and stats.failures == 10

@@ -140,9 +140,6 @@ class _Reads:
     rollups: Mapping[str, Rollup]
     pauses: Mapping[str, list[Event]]
     """Each job's newest pause event (``Monitor._pauses``)."""
-    triggers: Mapping[str, Event]
-    """Each job's newest manual start (``triggered``) since the oldest of the
-    attempts its rollup keeps, if any."""
     attempts: Mapping[str, list[Any]]
     """Each rollup's ``attempts``, decoded."""
     windows: Mapping[str, list[RunRecord]]
@@ -366,17 +363,36 @@ class Monitor:
             return {}
         return self.store.rollups() or {}
 
-    def _job_stats(
-        self, job: str, info: JobInfo | None, now: float, opened: list[RunRecord], reads: _Reads
-    ) -> JobStats:
-        """One job's statistics: from its rollup if that answers them, else
-        from the ledger. ``reads``: what the pass read once for every job."""
-        rollup = reads.rollups.get(job)
-        if rollup is not None and not opened:
-            fast = self._from_rollup(job, info, now, rollup, reads)
-            if fast is not None:
-                return self._with_pause(fast, reads.pauses)
-        return self._with_pause(self._read(job, info, now, opened), reads.pauses)
+    def _all_stats(
+        self,
+        known: Mapping[str, JobInfo | None],
+        now: float,
+        by_job: Mapping[str, list[RunRecord]],
+        reads: _Reads,
+    ) -> dict[str, JobStats]:
+        """Every known job's statistics: from its rollup where that answers
+        them, else from the ledger. ``reads``: what the pass read once for
+        every job. A rollup counts every start, a manual one too, which is no
+        slot's attempt: a job with a manual start (``triggered``) since the
+        time its numbers from the rollup depend on is read from the ledger,
+        all jobs' manual starts in one read."""
+        found: dict[str, JobStats] = {}
+        since: dict[str, float] = {}
+        for job, info in known.items():
+            opened = by_job.get(job, [])
+            rollup = reads.rollups.get(job)
+            fast = (
+                self._from_rollup(job, info, now, rollup, reads)
+                if rollup is not None and not opened
+                else None
+            )
+            if fast is None:
+                found[job] = self._read(job, info, now, opened)
+            else:
+                found[job], since[job] = fast
+        for job in self.store.latest_since(since, (EventKind.TRIGGERED,)) if since else ():
+            found[job] = self._read(job, known[job], now, by_job.get(job, []))
+        return {job: self._with_pause(stats, reads.pauses) for job, stats in found.items()}
 
     def _reads(
         self, known: Mapping[str, JobInfo | None], rollups: dict[str, Rollup], opened: Mapping[str, Any]
@@ -388,15 +404,10 @@ class Monitor:
         decoded = json.loads("[" + ",".join(r.attempts for r in rollups.values()) + "]")
         ordered = [job for job, r in rollups.items() if job in known and job not in opened
                    and self._window_decides(r, self.rules_of(job))]  # fmt: skip
-        attempts = dict(zip(rollups, decoded, strict=True))
-        # A manual start matters only if it may be among the attempts a job's row keeps.
-        kept_since = {job: min((a[0] for a in attempts[job]), default=-1e300) for job in rollups
-                      if job in known and job not in opened}  # fmt: skip
         return _Reads(
             rollups=rollups,
             pauses=self._pauses(list(known)),
-            triggers=self.store.latest_since(kept_since, (EventKind.TRIGGERED,)) if kept_since else {},
-            attempts=attempts,
+            attempts=dict(zip(rollups, decoded, strict=True)),
             windows=self.store.latest_runs(ordered, self.thresholds.runs) if ordered else {},
         )
 
@@ -438,30 +449,27 @@ class Monitor:
 
     def _from_rollup(
         self, job: str, info: JobInfo | None, now: float, r: Rollup, reads: _Reads | None = None
-    ) -> JobStats | None:
+    ) -> tuple[JobStats, float] | None:
         """The statistics ``_read`` would compute, from the job's rollup, or
         None where the rollup cannot say (the ledger is read then): a stale
         row, a window with a flagged run (an abandoned run, another lease
         key, a start before an earlier end: an overlap to find), a window
-        older than ``days``, skips or overlap events the row does not hold,
-        a manual start (``triggered``, read for every job in ``reads``) that
-        may be among the attempts the row keeps (it counts them all; a
-        manual one is none).
+        older than ``days``, skips or overlap events the row does not hold.
+        With the statistics, the time from which a manual start (its
+        ``triggered`` event is written after its start or refusal) would
+        change them: the newest attempt, or the oldest of those counted
+        when the newest slot had more than one; the caller reads the ledger
+        if there is one (``_all_stats``).
         A window with a bad ending that enough successes have not followed
         reads the window's runs (not its events) for ``failing``, whose
         streaks depend on their order. ``reads``: the pass's reads for every
         job (``_reads``), if the caller has them. The job has no open run
         (the caller checks)."""
-        import math
-
         t = self.thresholds
         since = now - t.days * 86400
         if r.stale or r.w_flagged or not r.w_runs or r.w_oldest is None or r.w_oldest < since:
             return None
         decoded = json.loads(r.attempts) if reads is None else reads.attempts[job]
-        trigger = reads.triggers.get(job) if reads is not None else None
-        if trigger is not None and trigger.at >= min((a[0] for a in decoded), default=-math.inf):
-            return None  # its triggered event is written after its start or refusal
         window_start = r.w_oldest if r.w_runs >= t.runs else since
         times = r.skip_times
         if len(times) < r.skips and (not times or times[0] >= window_start):
@@ -480,14 +488,19 @@ class Monitor:
         period, schedule_error = self._period(info, now)
         schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
+        attempts = [(a[0], a[1]) for a in decoded if a[0] >= window_start]
+        refusal = r.last_refusal if r.last_refusal is not None and r.last_refusal >= window_start else None
+        last_attempt = max((x for x in (r.last_start, refusal) if x is not None), default=None)
+        # A manual start changes what follows from the newest attempt on (its slot, the last
+        # attempt); from the oldest attempt on when every counted slot's attempts matter.
+        newest = max((a[0] for a in attempts), default=window_start if last_attempt is None else last_attempt)
+        manual_since = newest
         if schedule is not None and period and schedule_error is None:
-            attempts = [(a[0], a[1]) for a in decoded if a[0] >= window_start]
             slots = newest_slot(attempts, schedule, period)
             if slots and slots[0][1] > 1:  # crowded, maybe: every slot's count, as the ledger gives them
                 slots = slot_counts(attempts, schedule, period)
-        refusal = r.last_refusal if r.last_refusal is not None and r.last_refusal >= window_start else None
-        last_attempt = max((x for x in (r.last_start, refusal) if x is not None), default=None)
-        return JobStats(
+                manual_since = min(a[0] for a in attempts)
+        stats = JobStats(
             job=job, info=info, now=now, window_start=window_start,
             schedule=schedule,
             period=period, grace=t.grace(info, period), schedule_error=schedule_error,
@@ -499,6 +512,7 @@ class Monitor:
             last_start=r.last_start, last_attempt=last_attempt, last_success=r.w_last_success,
             rules=rules, failing=failing, slots=slots,
         )  # fmt: skip
+        return stats, manual_since
 
     def audit(self) -> list[JobStats]:
         """Every known job's statistics. Read-only."""
@@ -509,7 +523,7 @@ class Monitor:
             by_job.setdefault(r.job, []).append(r)
         known = self.known_jobs(opened)
         reads = self._reads(known, self._rollups(), by_job)
-        return [self._job_stats(name, info, now, by_job.get(name, []), reads) for name, info in known.items()]
+        return list(self._all_stats(known, now, by_job, reads).values())
 
     # -- findings ---------------------------------------------------------
 
@@ -575,9 +589,8 @@ class Monitor:
         known = self.known_jobs(opened)
         # Every job's finding states in one read, not one per job.
         read = self.store.latest_events(list(known), STATE_KINDS, self.thresholds.finding_limit)
-        reads = self._reads(known, rollups, by_job)
-        for name, info in known.items():
-            stats = self._job_stats(name, info, now, by_job.get(name, []), reads)
+        every = self._all_stats(known, now, by_job, self._reads(known, rollups, by_job))
+        for name, stats in every.items():
             all_stats.append(stats)
             conditions = [c for rule in self.rules for c in rule.evaluate(stats, self.thresholds)]
             if record:

@@ -239,8 +239,10 @@ WHERE {s}.rollups.job = v.job AND {s}.rollups.ended = %s::bigint
 -- and the events chosen. The step's work is bounded by its limit (given
 -- twice), whatever the backlog: the oldest of each kind
 -- retention prunes ({pruned}) through events (job, kind, at), then the
--- oldest of those; an open run is a probe of the runs' primary key per
--- event. (One range over all the kinds would be sorted whole before the
+-- oldest of those; whether its run is open, a probe of the runs' primary
+-- key per event (a scalar subquery: as `NOT IN` or `NOT EXISTS` the planner
+-- reads every open run first, and open runs have no index: a scan of runs).
+-- (One range over all the kinds would be sorted whole before the
 -- limit, and `NOT IN (open runs)` would read every run: each step would
 -- read the whole backlog and the whole runs table.)
 WITH due AS (
@@ -248,8 +250,7 @@ WITH due AS (
   CROSS JOIN LATERAL (
     SELECT e.seq, e.run_id, e.kind, e.at FROM {s}.events e
     WHERE e.job = %s AND e.kind = k.kind AND e.at < %s
-      AND (e.run_id IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {s}.runs r WHERE r.run_id = e.run_id AND r.outcome IS NULL))
+      AND NOT coalesce((SELECT r.outcome IS NULL FROM {s}.runs r WHERE r.run_id = e.run_id), false)
     ORDER BY e.at, e.seq LIMIT %s
   ) d
   ORDER BY d.at, d.seq LIMIT %s
