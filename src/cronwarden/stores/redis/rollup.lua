@@ -57,6 +57,10 @@ local function rollup_of(job)
   if raw then
     r = no_nulls(cjson.decode(raw))
     for _, a in ipairs(r.attempts) do if a[2] == cjson.null then a[2] = nil end end
+    -- Their text as stored, written back as it was while they do not change
+    -- (an end changes neither): not printed again, number by number.
+    r.skip_times_json = string.match(raw, '"skip_times":(%b[])')
+    r.attempts_json = string.match(raw, '"attempts":(%b[])')
     r.window_json = redis.call('HGET', ROLLUPS[3], job) or '[]'
     r.window = cjson.decode(r.window_json)
     r.durations = cjson.decode(redis.call('HGET', ROLLUPS[2], job) or '[]')
@@ -72,6 +76,7 @@ end
 -- An attempt: [time, slot or nil]; the latest ROLLUP_ATTEMPTS are kept.
 local function rollup_attempt(r, at, slot)
   local a = r.attempts
+  r.attempts_json = nil
   if #a >= ROLLUP_ATTEMPTS then table.remove(a, 1) end
   a[#a + 1] = {at, slot}
 end
@@ -94,6 +99,7 @@ local function rollup_refusal(r, kind, at)
     r.skips = r.skips + 1
     if r.last_start == nil or at >= r.last_start then r.skips_in_a_row = r.skips_in_a_row + 1 end
     local times = r.skip_times
+    r.skip_times_json = nil
     times[#times + 1] = at
     if #times > ROLLUP_SKIPS then table.remove(times, 1) end
   end
@@ -203,12 +209,12 @@ local function rollup_apply(events)
       .. ',"last_success":' .. num(r.last_success) .. ',"bad_in_a_row":' .. num(r.bad_in_a_row)
       .. ',"good_in_a_row":' .. num(r.good_in_a_row) .. ',"skips":' .. num(r.skips)
       .. ',"skips_in_a_row":' .. num(r.skips_in_a_row) .. ',"last_refusal":' .. num(r.last_refusal)
-      .. ',"last_overlap":' .. num(r.last_overlap) .. ',"skip_times":' .. nums(r.skip_times)
+      .. ',"last_overlap":' .. num(r.last_overlap) .. ',"skip_times":' .. (r.skip_times_json or nums(r.skip_times))
       .. ',"w_runs":' .. num(r.w_runs or 0) .. ',"w_oldest":' .. num(r.w_oldest)
       .. ',"w_flagged":' .. num(r.w_flagged or 0) .. ',"w_completed":' .. num(r.w_completed or 0)
       .. ',"w_outcomes":' .. counts(r.w_outcomes) .. ',"p50":' .. num(r.p50) .. ',"p95":' .. num(r.p95)
       .. ',"w_max":' .. num(r.w_max) .. ',"w_last_success":' .. num(r.w_last_success)
-      .. ',"attempts":' .. attempts_json(r.attempts) .. '}'
+      .. ',"attempts":' .. (r.attempts_json or attempts_json(r.attempts)) .. '}'
     if r.changed_window then
       durations[#durations + 1] = job
       durations[#durations + 1] = nums(r.durations)
