@@ -170,6 +170,31 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def first_slot() -> float:
+    """The first slot measured: the next minute's when it is 45 s away or
+    more, else the one after, from 15 s past this minute (past the 10 s
+    grace, so that minute's slot is not fired): time enough to load the jobs
+    before it."""
+    now = time.time()
+    boundary = next_minute(now)
+    if boundary - now < 45:
+        sleep_until(boundary + 15)
+        boundary += 60
+    return boundary
+
+
+def start_between_minutes(
+    config: Path, url: str, minutes: int, *, stop_timeout: float
+) -> tuple[subprocess.Popen[str], float]:
+    """One scheduler for ``minutes`` slots from ``first_slot()``, returned
+    with that slot once its jobs are loaded."""
+    boundary = first_slot()
+    proc = start(config, url, "--for", f"{boundary + minutes * 60 - 20 - time.time():.0f}s",
+                 "--stop-timeout", f"{stop_timeout:g}s")  # fmt: skip
+    wait_line(proc, "job(s) from", timeout=max(40.0, boundary - time.time() - 2))
+    return proc, boundary
+
+
 def single(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
     unique = uuid.uuid4().hex[:10]
     tmp = Path(tempfile.mkdtemp(prefix="cw-bench-sched-"))
@@ -178,16 +203,7 @@ def single(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
     write_config(config, jobs)
     try:
         spawn, trips = floor(url)
-        # Start 15 s after a minute (past the 10 s grace: that slot is not
-        # fired), so the jobs are loaded before the next one.
-        now = time.time()
-        boundary = next_minute(now)
-        if boundary - now < 45:
-            sleep_until(boundary + 15)
-            boundary += 60
-        proc = start(config, url, "--for", f"{boundary + minutes * 60 - 20 - time.time():.0f}s",
-                     "--stop-timeout", "30s")  # fmt: skip
-        wait_line(proc, "job(s) from", timeout=max(40.0, boundary - time.time() - 2))
+        proc, boundary = start_between_minutes(config, url, minutes, stop_timeout=30.0)
         sleep_until(boundary - 1)
         cpu0 = proc_cpu(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
@@ -239,11 +255,7 @@ def multi(store: str, jobs: int, minutes: int, out: dict[str, Any]) -> bool:
     write_config(config, jobs)
     procs: list[subprocess.Popen[str]] = []
     try:
-        now = time.time()
-        boundary = next_minute(now)
-        if boundary - now < 45:
-            sleep_until(boundary + 15)
-            boundary += 60
+        boundary = first_slot()
         end = boundary + minutes * 60 - 20
         for n in range(3):
             procs.append(
@@ -327,15 +339,8 @@ def long_runs(store: str, jobs: int, minutes: int, every: int, seconds: float, t
     names = add_long_jobs(config, jobs, every, seconds, ttl)
     proc: subprocess.Popen[str] | None = None
     try:
-        now = time.time()
-        boundary = next_minute(now)
-        if boundary - now < 45:
-            sleep_until(boundary + 15)
-            boundary += 60
         # The last slot's long runs end on their own within the stop timeout.
-        proc = start(config, url, "--for", f"{boundary + minutes * 60 - 20 - time.time():.0f}s",
-                     "--stop-timeout", f"{seconds + 30:g}s")  # fmt: skip
-        wait_line(proc, "job(s) from", timeout=max(40.0, boundary - time.time() - 2))
+        proc, boundary = start_between_minutes(config, url, minutes, stop_timeout=seconds + 30)
         proc.wait()
         slots = [boundary + 60 * m for m in range(minutes)]
         started, misfired, _ = ledger(url, boundary - 5, slots)

@@ -8,10 +8,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tests.contract import end, granted, start
 from tests.contract.test_rollup import same
 
+from cronwarden.events import Outcome
 from cronwarden.stores.base import Store
-from cronwarden.stores.rollup import Rollup, fold
+from cronwarden.stores.rollup import ROLLUP_RUNS, Rollup, fold
 
 END_FIELDS = [
     f for f in Rollup._fields
@@ -53,3 +55,15 @@ def assert_end_fields_fold(store: Store, job: str) -> None:
         if name in ("outcomes", "w_outcomes"):
             g, w = dict(g), dict(w)
         assert same(g, w), f"{name}: the store kept {g!r}, the ledger folds to {w!r}"
+
+
+def assert_ends_carry_on(store: Store, job: str, t: float) -> None:
+    """Runs of ``job`` started and ended through the upgraded store, past the
+    window's turn: its rollup still folds from the ledger, checked as it goes."""
+    for n in range(ROLLUP_RUNS + 9):
+        g = granted(store.acquire(start(job, at=t)))
+        store.finish(g.lease, end(Outcome(OUTCOMES[n % len(OUTCOMES)]), at=t + 0.5 + (n * 31 % 17)))
+        t += 100
+        if n % 10 == 0:
+            assert_end_fields_fold(store, job)
+    assert_end_fields_fold(store, job)
