@@ -16,7 +16,12 @@ crosses the checkpoint threshold copies the WAL into the file, whichever
 call it is.
 
     python bench/retention.py [--quick] [--store sqlite|postgres|redis|all] [--days N]
-        [--every SECONDS] [--jobs N]
+        [--every SECONDS] [--jobs N] [--workers N]
+
+``--workers N``: the jobs split over N processes writing at once (the
+servers' stores are bound by each call's round trip, not the client's
+CPU); after each simulated day every writer waits while this process runs
+the monitor's prune passes, so pruning meets the same ledger as with one.
 
 ``--quick``: 35 days of a run every 15 minutes (about 3,400 runs per job).
 The default: 365 days of a run every minute for 10 jobs is 5.3 million
@@ -27,13 +32,16 @@ was measured and with which settings.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from array import array
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
@@ -106,31 +114,25 @@ def _cycle(store: Store, job: str, at: float) -> float:
     return time.perf_counter() - started
 
 
-def bench(name: str, days: int, every: float, jobs: int) -> dict[str, object]:
-    work = tempfile.mkdtemp(prefix="cw-bench-retention-")
-    url, tag = _url(name, work)
+def _writer(url: str, names: list[str], t0: float, days: int, every: float, gate: Any, stop: Any,
+            out: Any) -> None:  # fmt: skip
+    """One writing process: each simulated day, a run every ``every``
+    seconds for each of its jobs, then the day's gate twice (the monitor
+    prunes in between, with no write running; ``stop`` set by then ends the
+    run there). The process holding the first job (``job0``) also takes the
+    measured pairs. Puts its timings (``array('d')`` bytes) and its run
+    count on ``out``."""
     store = open_store(url)
-    t0 = time.time() - days * DAY
-    names = [f"job{i}" for i in range(jobs)]
+    per_day = int(DAY // every)
+    plain, with_prune, every_cycle = array("d"), array("d"), array("d")
+    written = 0
     try:
-        # Day 0: a run that never ends and a finding that stays raised.
-        still_open = store.acquire(Start(job="forever", key="forever", run_id=new_id(), host="bench", pid=1,
-                                         ttl=10 * 365 * DAY, at=t0))  # fmt: skip
-        assert isinstance(still_open, Granted)
-        store.record(Event(kind=EventKind.STUCK, job="forever", run_id=still_open.lease.run_id, at=t0,
-                           data={"state": "raised", "severity": "critical", "summary": "bench"}))  # fmt: skip
-        per_day = int(DAY // every)
-        steps: list[float] = []
-        plain: list[float] = []
-        every_cycle: list[float] = []
-        with_prune: list[float] = []
-        written = 0
         for day in range(days):
             base = t0 + day * DAY
             for k in range(per_day):
                 at = base + k * every
                 for job in names:
-                    if k == per_day // 2 and job == names[0]:
+                    if k == per_day // 2 and job == "job0":
                         # A measured pair: the cycle alone, then the cycle and
                         # the small step a run's end takes.
                         plain.append(_cycle(store, job, at))
@@ -142,23 +144,86 @@ def bench(name: str, days: int, every: float, jobs: int) -> dict[str, object]:
                         continue
                     every_cycle.append(_cycle(store, job, at))
                     written += 1
-            now = base + DAY
+            gate.wait()  # the day written by every process ...
+            gate.wait()  # ... and pruned
+            if stop.value:
+                break
+        out.put((plain.tobytes(), with_prune.tobytes(), every_cycle.tobytes(), written))
+    except BaseException:
+        gate.abort()  # the others stop at the gate instead of waiting for ever
+        raise
+    finally:
+        store.close()
+
+
+def bench(name: str, days: int, every: float, jobs: int, workers: int = 1,
+          stop_after: float | None = None) -> dict[str, object]:  # fmt: skip
+    """The jobs are split over ``workers`` processes writing to the store at
+    once (``workers=1``: one process writing, the same path); this process
+    sets up, runs the monitor's prune passes after each day while the
+    writers wait, and measures the end. ``stop_after`` (seconds): end at
+    the first day's end past it (the days run are in the result)."""
+    work = tempfile.mkdtemp(prefix="cw-bench-retention-")
+    url, tag = _url(name, work)
+    store = open_store(url)
+    t0 = time.time() - days * DAY
+    names = [f"job{i}" for i in range(jobs)]
+    ctx = mp.get_context("spawn")
+    procs: list[Any] = []
+    try:
+        # Day 0: a run that never ends and a finding that stays raised.
+        still_open = store.acquire(Start(job="forever", key="forever", run_id=new_id(), host="bench", pid=1,
+                                         ttl=10 * 365 * DAY, at=t0))  # fmt: skip
+        assert isinstance(still_open, Granted)
+        store.record(Event(kind=EventKind.STUCK, job="forever", run_id=still_open.lease.run_id, at=t0,
+                           data={"state": "raised", "severity": "critical", "summary": "bench"}))  # fmt: skip
+        gate, stop, out = ctx.Barrier(workers + 1), ctx.Value("b", 0), ctx.Queue()
+        procs = [ctx.Process(target=_writer, args=(url, names[i::workers], t0, days, every, gate, stop, out))
+                 for i in range(workers)]  # fmt: skip
+        for proc in procs:
+            proc.start()
+        steps: list[float] = []
+        began_all = time.perf_counter()
+        per_day = int(DAY // every) * jobs + 1  # the pair writes one run more
+        days_run = 0
+        for day in range(days):
+            gate.wait(timeout=3_600)
+            now = t0 + (day + 1) * DAY
             while True:  # the monitor's passes
                 began = time.perf_counter()
                 step = store.prune(RETENTION, now, budget=PRUNE_BUDGET)
                 steps.append(time.perf_counter() - began)
                 if step.done or not (step.events or step.runs):
                     break
-            if day % 10 == 9:
-                print(
-                    f"  {name}: day {day + 1}/{days}, {written:,} runs written", file=sys.stderr, flush=True
-                )
+            days_run = day + 1
+            if stop_after is not None and time.perf_counter() - began_all > stop_after:
+                stop.value = 1
+            gate.wait(timeout=3_600)
+            if day % 10 == 9 or stop.value:
+                done = (day + 1) * per_day
+                rate = done / (time.perf_counter() - began_all)
+                print(f"  {name}: day {day + 1}/{days}, {done:,} runs written, {rate:,.0f} runs/s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            if stop.value:
+                print(f"  {name}: stopped after day {days_run} (--stop-after)", file=sys.stderr, flush=True)
+                break
+        plain, with_prune, every_cycle = array("d"), array("d"), array("d")
+        written = 0
+        for _ in procs:  # read before join: a process exits once its result is taken
+            p_plain, p_pair, p_every, p_written = out.get(timeout=600)
+            plain.frombytes(p_plain)
+            with_prune.frombytes(p_pair)
+            every_cycle.frombytes(p_every)
+            written += p_written
+        for proc in procs:
+            proc.join()
+        elapsed = time.perf_counter() - began_all
         size = _size(name, store, url, tag)
         kept_runs = _kept_runs(name, store, names, tag)
         found = store.events(EventQuery(job="forever", kinds=[EventKind.STUCK], limit=10))
         survived = bool(store.open_runs("forever")) and bool(found)
         return {
-            "store": name, "days": days, "every": every, "jobs": jobs, "written": written,
+            "store": name, "days": days_run, "every": every, "jobs": jobs, "written": written,
             "kept_runs": kept_runs, "size": size, "bytes_per_run": size / max(1, kept_runs),
             "survived": survived, "max_step_ms": 1000 * max(steps), "p99_step_ms": 1000 * _p99(steps),
             "median_step_ms": 1000 * statistics.median(steps), "steps": len(steps),
@@ -166,8 +231,12 @@ def bench(name: str, days: int, every: float, jobs: int) -> dict[str, object]:
             "cycle_prune_ms": 1000 * statistics.median(with_prune),
             "max_cycle_prune_ms": 1000 * max(with_prune), "max_cycle_ms": 1000 * max(plain),
             "p99_every_cycle_ms": 1000 * _p99(every_cycle), "max_every_cycle_ms": 1000 * max(every_cycle),
+            "rate": written / elapsed, "minutes": elapsed / 60,
         }  # fmt: skip
     finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
         store.close()
         cleanup(name, tag)
 
@@ -184,6 +253,9 @@ def main() -> int:
     p.add_argument("--days", type=int)
     p.add_argument("--every", type=float)
     p.add_argument("--jobs", type=int, default=10)
+    p.add_argument("--workers", type=int, default=1, help="processes writing at once (jobs split over them)")
+    p.add_argument("--stop-after", type=float, metavar="MINUTES",
+                   help="end at the first day's end past MINUTES (the table gives the days run)")  # fmt: skip
     a = p.parse_args()
     days = a.days or (35 if a.quick else 365)
     every = a.every or (900.0 if a.quick else 60.0)
@@ -191,21 +263,24 @@ def main() -> int:
     rows = []
     for name in stores:
         try:
-            rows.append(bench(name, days, every, a.jobs))
+            stop = None if a.stop_after is None else 60 * a.stop_after
+            rows.append(bench(name, days, every, a.jobs, a.workers, stop))
         except Exception as e:  # a server that is not there: say so, go on
             print(f"{name}: skipped ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     kept = 30 * int(DAY // every) * a.jobs
-    print(f"\n{a.jobs} jobs, a run every {every:g}s for {days} days, retention 30d "
-          f"(retained: 30 days x {int(DAY // every)} runs x {a.jobs} jobs = {kept:,})")  # fmt: skip
-    head = ("store", "written", "kept", "size MB", "B/run", "open+finding", "steps", "median step ms",
+    upto = f"up to {days} days (--stop-after {a.stop_after:g} min)" if a.stop_after else f"{days} days"
+    print(f"\n{a.jobs} jobs, a run every {every:g}s for {upto}, retention 30d "
+          f"(retained: 30 days x {int(DAY // every)} runs x {a.jobs} jobs = {kept:,}), "
+          f"{a.workers} writing process{'es' if a.workers > 1 else ''}")  # fmt: skip
+    head = ("store", "days", "written", "kept", "size MB", "B/run", "open+finding", "steps", "median step ms",
             "max step ms", "p99 step",
             "cycle ms", "cycle+prune", "ratio", "max cycle+prune", "plain cycles p99", "max",
-            "met (<=50ms)?")  # fmt: skip
+            "met (<=50ms)?", "runs/s", "min")  # fmt: skip
     print("  ".join(head))
     for r in rows:
         added = float(r["max_step_ms"])  # type: ignore[arg-type]
         print("  ".join(str(x) for x in (
-            r["store"], f"{r['written']:,}", f"{r['kept_runs']:,}", f"{int(r['size']) / 1e6:.1f}",  # type: ignore[call-overload]
+            r["store"], r["days"], f"{r['written']:,}", f"{r['kept_runs']:,}", f"{int(r['size']) / 1e6:.1f}",  # type: ignore[call-overload]
             f"{r['bytes_per_run']:.0f}", "yes" if r["survived"] else "NO", r["steps"],
             f"{r['median_step_ms']:.1f}",
             f"{added:.1f}",
@@ -213,7 +288,7 @@ def main() -> int:
             f"{float(r['cycle_prune_ms']) / float(r['cycle_ms']):.2f}x",  # type: ignore[arg-type]
             f"{r['max_cycle_prune_ms']:.1f}",
             f"{r['p99_every_cycle_ms']:.1f}", f"{r['max_every_cycle_ms']:.1f}",
-            "yes" if added <= 50 else "NO",
+            "yes" if added <= 50 else "NO", f"{r['rate']:,.0f}", f"{r['minutes']:.1f}",
         )))  # fmt: skip
     return 0
 

@@ -408,3 +408,17 @@ def test_latest_since_gives_each_jobs_newest_event_of_the_kinds_since_its_own_ti
         }
         assert all(e.kind is EventKind.TRIGGERED and e.at >= since[job] for job, e in found.items())
     assert set(store.latest_since({"backup": T0, "report": T0}, kinds)) == {"backup", "report"}
+
+
+def test_latest_reads_of_hundreds_of_jobs_answer_for_each(store: Store) -> None:
+    """``latest_events``, ``latest_since`` and ``latest_runs`` over more jobs
+    than a store reads in one step (Redis: a script call per few hundred
+    jobs) answer for every job, each with its own."""
+    jobs = [f"job-{i:03d}" for i in range(300)]
+    for i, job in enumerate(jobs):
+        store.record(Event(kind=EventKind.TRIGGERED, job=job, at=T0 + i, data={"i": i}))
+    found = store.latest_events(jobs, (EventKind.TRIGGERED,), 1)
+    assert [found[job][0].data["i"] for job in jobs] == list(range(300))
+    since = store.latest_since({job: T0 + 150 for job in jobs}, (EventKind.TRIGGERED,))
+    assert sorted(since) == jobs[150:] and all(since[job].job == job for job in since)
+    assert store.latest_runs(jobs, 5) == {job: [] for job in jobs}

@@ -482,7 +482,8 @@ class Monitor:
         rules = self.rules_of(job)
         outcomes = dict(r.w_outcomes)
         failing = None
-        if self._window_decides(r, rules):  # the window's runs, in order: one bounded read, no events
+        # The window's runs, in order: one bounded read, no events (the pass read them: ``_reads``).
+        if job in reads.windows if reads is not None else self._window_decides(r, rules):
             recent = reads.windows[job] if reads is not None else self.store.runs(job, t.runs)
             failing = _failing([x for x in recent if x.started_at >= since], rules)
         period, schedule_error = self._period(info, now)

@@ -101,7 +101,7 @@ from .client import (
     renewer,
     where,
 )
-from .records import event, expires_in, finished_run, ms, ordhex, ttl_ms, unordhex
+from .records import event, expires_in, finished_runs, ms, ordhex, ttl_ms, unordhex
 from .scripts import Limits, Scripts
 
 if TYPE_CHECKING:
@@ -125,6 +125,13 @@ fields, a few milliseconds of the server's time."""
 RECORDED_IDS_KEPT = 86_400
 """Seconds ``record`` remembers an event id, so that a retried call is a
 no-op (the contract): a day, far longer than any retry takes."""
+
+NEWEST_KEYS = 256
+"""Job indexes per call of ``newest.lua``: a call makes a few hundred reads,
+a millisecond or so of the server's time, not a whole pass's thousands."""
+
+_ATTEMPTS = ',"attempts":'
+"""What a rollup's summary ends with, before its attempts and the closing brace."""
 
 _LEASE_FIELDS = ("owner", "token", "job", "host", "pid", "started", "slot")
 
@@ -524,7 +531,7 @@ class RedisStore(Store):
         if not ids:
             return {}
         done, keys = self._read(lambda pipe: (pipe.hmget(self._k_runs, ids), pipe.hmget(self._k_open, ids)))
-        out = {rid: finished_run(rid, raw) for rid, raw in zip(ids, done, strict=True) if raw is not None}
+        out = finished_runs({rid: raw for rid, raw in zip(ids, done, strict=True) if raw is not None})
         opened = {rid: key for rid, key in zip(ids, keys, strict=True) if key is not None and rid not in out}
         out.update((r.run_id, r) for r in self._open_records(opened, timed=False))
         return out
@@ -539,6 +546,20 @@ class RedisStore(Store):
         ids = [m.split("|", 2)[2] for m in members]
         found = self._records(ids)
         return [found[rid] for rid in ids if rid in found]
+
+    def latest_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        if limit == 0 or not jobs:
+            return {job: [] for job in jobs}
+        count = limit if limit > 0 else -1
+
+        def build(pipe: Pipeline) -> None:
+            for job in jobs:
+                pipe.zrevrangebylex(self._index(job), "(#}", "[#|", start=0, num=count)
+
+        listed = self._read(build)
+        ids = {job: [m.split("|", 2)[2] for m in members] for job, members in zip(jobs, listed, strict=True)}
+        found = self._records([rid for each in ids.values() for rid in each])
+        return {job: [found[rid] for rid in each if rid in found] for job, each in ids.items()}
 
     def run(self, run_id: str) -> RunRecord | None:
         return self._records([run_id]).get(run_id)
@@ -702,24 +723,34 @@ class RedisStore(Store):
         if edges:
             for (index, _, _), got in zip(edges, self._read(ties), strict=True):
                 members[index] += got
-        found: dict[str, list[tuple[float, str]]] = {}
-        for index, got in members.items():
-            picks: dict[str, tuple[float, str]] = {}
-            for member in got:
-                _, hexat, seq = member.split("|", 3)[:3]
-                picks[seq] = (unordhex(hexat), seq)
-            found[index] = list(picks.values())
-        return found
+        return {index: _picked(got) for index, got in members.items()}
+
+    def _newest_picks(
+        self, lows: Mapping[str, str], families: list[str], limit: int
+    ) -> dict[str, list[tuple[float, str]]]:
+        """What ``_picks`` finds newest first, from ``newest.lua``: one
+        script call per ``NEWEST_KEYS`` indexes, all in one round trip."""
+        indexes = list(lows)
+        kinds, count = ",".join(families), str(limit)
+
+        def build(pipe: Pipeline) -> None:
+            for i in range(0, len(indexes), NEWEST_KEYS):
+                chunk = indexes[i : i + NEWEST_KEYS]
+                self._scripts.newest(keys=chunk, args=[kinds, count, *(lows[k] for k in chunk)], client=pipe)
+
+        replies = self._read(build) if indexes else []
+        got = [each for reply in replies for each in reply]
+        return {index: _picked(members) for index, members in zip(indexes, got, strict=True)}
 
     def _newest_each(
         self, lows: Mapping[str, str], kinds: Sequence[EventKind], limit: int
     ) -> dict[str, list[Event]]:
         """Each job's newest ``limit`` events of ``kinds`` from its own time
-        (``lows``: job to an ordhex time, or ""), in three round trips for
+        (``lows``: job to an ordhex time, or ""), in two round trips for
         every job together, ordered as ``events`` orders them."""
         families = sorted({EventKind(k).value for k in kinds})
         job_of = {self._index(job): job for job in lows}
-        found = self._picks({index: lows[job] for index, job in job_of.items()}, families, True, limit)
+        found = self._newest_picks({index: lows[job] for index, job in job_of.items()}, families, limit)
         chosen: dict[str, list[str]] = {}
         for index, picks in found.items():
             picks.sort(key=lambda pick: (-pick[0], pick[1]))
@@ -772,7 +803,9 @@ class RedisStore(Store):
 
     def jobs(self) -> list[JobInfo]:
         [raw] = self._read(lambda pipe: pipe.hgetall(self._k_jobs))
-        return [JobInfo(**json.loads(raw[name])) for name in sorted(raw)]
+        names = sorted(raw)
+        # One json.loads for every record: at thousands of jobs, a call per job costs more than the parsing.
+        return [JobInfo(**fields) for fields in json.loads("[" + ",".join(raw[name] for name in names) + "]")]
 
     def ledger_jobs(self) -> list[str]:
         # Every job with a run has events (its start), so the ledger's jobs are the event jobs;
@@ -805,11 +838,18 @@ class RedisStore(Store):
         summaries, durations = self._read(
             lambda pipe: (pipe.hgetall(self._k_rollups[0]), pipe.hgetall(self._k_rollups[1]))
         )
+        jobs = sorted(summaries)
+        # A summary ends with its attempts (rollup.lua, summary_json): kept as their text, as
+        # Rollup has them; the rest of every summary decoded in one json.loads.
+        heads, attempts = [], []
+        for job in jobs:
+            head, mark, tail = summaries[job].rpartition(_ATTEMPTS)
+            heads.append(head + "}" if mark else summaries[job])
+            attempts.append(tail[:-1] if mark else "[]")
         out = {}
-        for job in sorted(summaries):
-            fields = json.loads(summaries[job])
+        for job, fields, listed in zip(jobs, json.loads("[" + ",".join(heads) + "]"), attempts, strict=True):
             fields["skip_times"] = tuple(fields["skip_times"])
-            fields["attempts"] = json.dumps(fields.get("attempts", []))
+            fields["attempts"] = listed
             out[job] = Rollup(job=job, w_durations=durations.get(job, "[]"), **fields)
         return out
 
@@ -928,6 +968,15 @@ class RedisStore(Store):
             self._renewers.clear()
         self._client.close()
         self._client.connection_pool.disconnect()
+
+
+def _picked(members: Sequence[str]) -> list[tuple[float, str]]:
+    """(at, seq) of index members (``kind|at|seq``), each seq once."""
+    picks: dict[str, tuple[float, str]] = {}
+    for member in members:
+        _, hexat, seq = member.split("|", 3)[:3]
+        picks[seq] = (unordhex(hexat), seq)
+    return list(picks.values())
 
 
 def _zrange(key: str, start: int, stop: int, pipe: Pipeline) -> None:

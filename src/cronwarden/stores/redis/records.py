@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 from cronwarden.events import Event, EventKind, Outcome, RunRecord
@@ -50,9 +51,15 @@ def expires_in(
     return min((int(exp) - now_ms) / 1000 if exp else -0.001, -0.001)
 
 
-def finished_run(run_id: str, raw: str) -> RunRecord:
-    """A finished run from its record in ``P runs``."""
-    rec: dict[str, Any] = json.loads(raw)
+def finished_runs(records: Mapping[str, str]) -> dict[str, RunRecord]:
+    """Finished runs by id from their records in ``P runs``, decoded in one ``json.loads``
+    (at thousands of records, a call each costs more than the parsing)."""
+    decoded = json.loads("[" + ",".join(records.values()) + "]")
+    return {rid: finished_run_of(rid, rec) for rid, rec in zip(records, decoded, strict=True)}
+
+
+def finished_run_of(run_id: str, rec: Mapping[str, Any]) -> RunRecord:
+    """A finished run from its decoded record."""
     return RunRecord(
         run_id=run_id,
         job=rec["job"],

@@ -109,3 +109,4 @@ class Scripts:
         self.save_rollup = register("save_rollup")
         self.prune = register("prune")
         self.settle = register("settle")
+        self.newest = register("newest")

@@ -374,9 +374,8 @@ class SqliteStore(SqlStore):
             db.execute(q["forget_window"], (rollup.job,))
             first = rollup.ended - len(recent)
             db.executemany(q["insert_window"], [
-                (rollup.job, (first + k) % (ROLLUP_RUNS + 1), *e) for k, e in enumerate(recent)
+                (rollup.job, (first + k) % ROLLUP_RUNS, *e) for k, e in enumerate(recent)
             ])  # fmt: skip
-            db.execute(q["window_durations"], (rollup.job,))
             return True
 
     def _event_data(self, raw: Any) -> Mapping[str, Any]:

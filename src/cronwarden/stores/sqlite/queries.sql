@@ -218,17 +218,10 @@ WHERE job = ?1 AND ended IS ?27 AND last_start IS ?28 AND skips IS ?29 AND last_
 DELETE FROM rollup_window WHERE job = ?;
 
 -- name: insert_window --
-INSERT INTO rollup_window (job, place, started_at, ended_at, outcome, flagged) VALUES (?, ?, ?, ?, ?, ?);
-
--- name: window_durations --
--- A job's rollups.w_durations in the cells schema.sql describes, from its
--- window's entries (a rebuild, an upgrade): the one place they are printed
--- besides the trigger rollup_end.
-UPDATE rollups SET w_durations = (
-    SELECT '[' || coalesce(substr(group_concat(printf(',%24s', printf('%!.17g', duration)), ''), 2), '') || ']'
-    FROM (SELECT ended_at - started_at AS duration FROM rollup_window
-          WHERE job = ?1 AND outcome IN ('succeeded', 'failed', 'timed_out') ORDER BY duration))
-WHERE job = ?1;
+-- A rebuilt window's entry (start, end, outcome, flagged) at its place, with
+-- its duration if it completed (as the trigger rollup_end writes it).
+INSERT INTO rollup_window (job, place, started_at, ended_at, outcome, flagged, duration)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?5 IN ('succeeded', 'failed', 'timed_out') THEN ?4 - ?3 END);
 
 -- name: prune_due --
 -- Retention's next step for one job: its oldest events before the cutoff
