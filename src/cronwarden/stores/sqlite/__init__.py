@@ -368,6 +368,13 @@ class SqliteStore(SqlStore):
         with self._tx() as db:
             return db.execute(sql, args).rowcount
 
+    def latest_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        found: dict[str, list[RunRecord]] = {job: [] for job in jobs}
+        if jobs and limit != 0:
+            for row in self._fetch(self._q["latest_runs"], (json.dumps(list(jobs)), limit)):
+                found[row[1]].append(run_from_row(row))
+        return found
+
     def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
         from cronwarden.stores.rollup import ROLLUP_RUNS, row_of
 
