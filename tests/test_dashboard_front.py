@@ -181,3 +181,15 @@ def test_the_reads_of_every_job_use_their_indexes(store: Store, backend: str) ->
         assert "events_trouble" in trouble, trouble
     assert "events_findings" in every_job, every_job
     assert "events_pauses" in pauses, pauses
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_every_jobs_newest_manual_start_is_read_through_its_index(store: Store, backend: str) -> None:
+    """A pass asks whether each job had a manual start since a time of its
+    own (``latest_since``): on SQLite through the partial index of those
+    events, not a walk of each job's window of events."""
+    from cronwarden.stores.sql import _kinds_in
+
+    sql = store._q["latest_since"].replace("{kinds}", _kinds_in((EventKind.TRIGGERED,)))  # type: ignore[attr-defined]
+    found = " / ".join(str(row[-1]) for row in store._fetch("EXPLAIN QUERY PLAN " + sql, ['{"a": 1.0}']))  # type: ignore[attr-defined]
+    assert "USING INDEX events_triggered (job=? AND at>?)" in found, found

@@ -1,6 +1,6 @@
 """A run's keeper, and the launcher that starts keepers for the scheduler.
 
-The keeper (``_keep``) stands between cronwarden and the command: it starts
+The keeper (``keep``) stands between cronwarden and the command: it starts
 the command in a process group of its own and answers for that group.
 ``Supervisor`` starts one per run. By default it forks the supervising
 process itself; ``cronwarden scheduler`` has its keepers forked by a
@@ -12,10 +12,20 @@ process (``python -m cronwarden.keeper``) imports only this module and the
 standard library. It dies with the scheduler (``PR_SET_PDEATHSIG``), and
 each of its keepers with it, taking its command's group down: the same chain
 as a keeper forked by the supervisor.
+
+A keeper forked by the supervisor forks again for the command, to give the
+command a parent death signal of its own: a keeper that is killed takes its
+command with it. A keeper forked by the launcher starts its command with
+``posix_spawn`` instead, which copies no page table (the second fork of a
+Python process was most of what a fire cost): there the launcher is the
+command's second parent. It is the subreaper of its keepers' trees, so the
+command of a keeper that was killed becomes its child, and it kills that
+command's group (``serve``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -36,17 +46,18 @@ PARENT_DIED = signal.SIGUSR1
 the launcher, which dies with the scheduler)."""
 
 
-def _prctl() -> Callable[..., int]:
+def libc_prctl() -> Callable[..., int]:
+    """libc's ``prctl``: loaded before forking, not in the child."""
     import ctypes
 
     prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
     return prctl
 
 
-def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, held: int,
-          prctl: Callable[..., int], marker: int | None) -> int:  # fmt: skip
+def keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int, held: int,
+         prctl: Callable[..., int], marker: int | None, *, spawn: bool = False) -> int:  # fmt: skip
     """The keeper: a fork of the supervisor or the launcher (no exec) that starts the command
-    in a new process group and answers for the whole group.
+    in a new process group and answers for the whole group; its exit status.
 
     ``PR_SET_PDEATHSIG`` reaches only the direct child of a process that
     dies, so a command that is a shell script would leave its own children
@@ -62,6 +73,8 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
     launcher writes a keeper's exit status to it (``Launcher.keeper``).
     ``marker`` is the run's marker (``local``): the keeper and the command's
     processes hold it, so it stays locked while any of them lives.
+    ``spawn`` (the launcher's keepers): the command is started with
+    ``posix_spawn``, not forked (see the module).
     """
     _close_fds(keep=(report, held) if marker is None else (report, held, marker))
     # A group of its own: a kill of the supervisor's whole group (timeout -k,
@@ -75,7 +88,7 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
         nonlocal stop
         stop = True
         if group:
-            _killpg(group, signal.SIGKILL)
+            signal_group(group, signal.SIGKILL)
 
     signal.signal(PARENT_DIED, supervisor_died)
     for s in (*FORWARDED, signal.SIGTTOU):  # the supervisor signals the command's group itself
@@ -86,24 +99,14 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.getppid() != parent:  # the supervisor died before prctl took effect
         return 137
-    command = os.fork()
-    if command == 0:
+    if spawn:
         try:
-            os.setpgid(0, 0)
-            # Second layer: if the keeper itself is killed, so is the command.
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != keeper:
-                os._exit(137)
-            # Python ignores SIGPIPE and SIGXFSZ, and the keeper the forwarded
-            # signals; the command expects defaults.
-            for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU, PARENT_DIED, *FORWARDED):
-                signal.signal(s, signal.SIG_DFL)
-            if marker is not None:
-                os.set_inheritable(marker, True)
-            os.execvpe(argv[0], list(argv), dict(env))
+            command = _spawn(argv, env, marker)
         except OSError as e:
             os.write(report, f"E{e.errno}\n".encode())
-        os._exit(127)
+            return 127
+    else:
+        command = _fork_command(argv, env, marker, keeper, report, prctl)
     try:
         os.setpgid(command, command)
     except OSError:
@@ -113,7 +116,7 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
     os.write(report, f"P{command}\n".encode())
     os.close(report)
     if stop:
-        _killpg(group, signal.SIGKILL)
+        signal_group(group, signal.SIGKILL)
     status = 0
     while True:
         try:
@@ -127,6 +130,56 @@ def _keep(argv: Sequence[str], env: Mapping[str, str], parent: int, report: int,
     if terminal is not None:
         _give_back_terminal(terminal)
     return status
+
+
+DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU, PARENT_DIED, *FORWARDED)
+"""Signals the command starts with at their default: Python ignores SIGPIPE
+and SIGXFSZ, the keeper the forwarded signals and SIGTTOU."""
+
+
+def _fork_command(argv: Sequence[str], env: Mapping[str, str], marker: int | None, keeper: int,
+                  report: int, prctl: Callable[..., int]) -> int:  # fmt: skip
+    """Fork the command, in a group of its own and killed if the keeper is; its pid."""
+    command = os.fork()
+    if command == 0:  # pragma: no cover - runs in the command, until its exec
+        try:
+            os.setpgid(0, 0)
+            # Second layer: if the keeper itself is killed, so is the command.
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != keeper:
+                os._exit(137)
+            for s in DEFAULTS:
+                signal.signal(s, signal.SIG_DFL)
+            if marker is not None:
+                os.set_inheritable(marker, True)
+            os.execvpe(argv[0], list(argv), dict(env))
+        except OSError as e:
+            os.write(report, f"E{e.errno}\n".encode())
+        os._exit(127)
+    return command
+
+
+def _spawn(argv: Sequence[str], env: Mapping[str, str], marker: int | None) -> int:
+    """``posix_spawn`` the command in a group of its own, looked up in
+    ``env``'s PATH as ``os.execvpe`` does it (the first error other than
+    "not there" is the one raised); its pid."""
+    if marker is not None:
+        os.set_inheritable(marker, True)  # the keeper holds it anyway, and spawns nothing else
+    name = argv[0]
+    paths = [name] if os.path.dirname(name) else [os.path.join(d, name) for d in os.get_exec_path(env)]
+    args, environ = list(argv), dict(env)
+    saved: OSError | None = None
+    last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    for path in paths:
+        try:
+            os.stat(path)  # a name not there costs no process
+            return os.posix_spawn(path, args, environ, setpgroup=0, setsigdef=DEFAULTS)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            last = e
+        except OSError as e:
+            last = e
+            saved = saved or e
+    raise saved or last
 
 
 SWEEP_GIVE_UP = 0.5
@@ -149,7 +202,7 @@ def _sweep(group: int, keeper: int) -> None:
     no children left. No process of the run works on after its run ended
     and its lease was released.
     """
-    _killpg(group, signal.SIGKILL)
+    signal_group(group, signal.SIGKILL)
     now = time.monotonic()
     hard_stop = now + SWEEP_HARD_STOP
     give_up = now + SWEEP_GIVE_UP
@@ -243,7 +296,8 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _killpg(pgid: int, signum: int) -> None:
+def signal_group(pgid: int, signum: int) -> None:
+    """Signal a process group, if it is still there to be signalled."""
     try:
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
@@ -289,7 +343,7 @@ class Launcher:
 
     def keeper(self, argv: Sequence[str], env: Mapping[str, str], report: int, held: int,
                marker: int | None) -> int:  # fmt: skip
-        """Fork a keeper of ``argv`` in the launcher (``_keep``, given copies of
+        """Fork a keeper of ``argv`` in the launcher (``keep``, given copies of
         ``report``, ``held`` and ``marker``); its pid. The keeper is not this
         process's child: the launcher reaps it, and then writes its exit
         status (``os.waitstatus_to_exitcode``) to ``held``, whose read end
@@ -362,8 +416,11 @@ def serve(sock: socket.socket, parent: int) -> int:
     """The launcher process: fork a keeper for each request on ``sock`` until
     the scheduler (``parent``) closes it; reap the keepers and pass on their
     exit statuses."""
-    prctl = _prctl()
+    prctl = libc_prctl()
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The commands' second parent (see the module): a killed keeper's command
+    # is handed here, not to init.
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.getppid() != parent:  # the scheduler died before prctl took effect
         return 1
     # In the scheduler's process group: a Ctrl-C reaches it too, and the
@@ -402,7 +459,9 @@ def serve(sock: socket.socket, parent: int) -> int:
             try:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                code = _keep(argv, env, me, fds[0], fds[1], prctl, fds[2] if len(fds) > 2 else None)
+                code = keep(
+                    argv, env, me, fds[0], fds[1], prctl, fds[2] if len(fds) > 2 else None, spawn=True
+                )
             finally:
                 os._exit(code)
         os.close(fds[0])
@@ -420,23 +479,40 @@ def _drain(fd: int) -> bool:
 
 
 def _reap(held: dict[int, int]) -> None:
+    """Reap what exited, and write each keeper's exit status to its pipe. A
+    keeper killed by a signal did not stop its command: the command is this
+    process's child now (its subreaper), and any child that is not a keeper
+    is what is left of a run whose keeper is gone: killed with its group
+    (and what it started, handed here as it dies, in turn)."""
+    orphaned = False
     while True:
         try:
             pid, raw = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if not pid:
-            return
+            break
         fd = held.pop(pid, None)
-        if fd is not None:
-            os.write(fd, str(os.waitstatus_to_exitcode(raw)).encode())  # far below a pipe's buffer
-            os.close(fd)
+        if fd is None:
+            orphaned = True
+            continue
+        os.write(fd, str(os.waitstatus_to_exitcode(raw)).encode())  # far below a pipe's buffer
+        os.close(fd)
+        orphaned = orphaned or os.WIFSIGNALED(raw)
+    if orphaned:
+        for pid in _children(os.getpid()):
+            if pid not in held:
+                signal_group(pid, signal.SIGKILL)  # a command leads its group
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def _receive(sock: socket.socket) -> tuple[tuple[list[str], dict[str, str]], list[int]] | None:
     """One request: the command and its environment, and the descriptors
     sent with it (close-on-exec, so the command inherits only the marker,
-    which ``_keep`` makes inheritable); None at EOF."""
+    which ``keep`` makes inheritable); None at EOF."""
     head, fds, _flags, _addr = socket.recv_fds(sock, HEADER.size, 3)
     for fd in fds:
         # Received inheritable: a command holding the report pipe would keep

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from cronwarden.errors import Interrupted, LeaseLost, LeaseRevoked, StopRequested, UsageError
 from cronwarden.guard import Run
-from cronwarden.keeper import FORWARDED, Launcher, _keep, _killpg, _prctl, exit_status
+from cronwarden.keeper import FORWARDED, Launcher, exit_status, keep, libc_prctl, signal_group
 
 
 class CommandNotFound(UsageError):
@@ -112,13 +112,13 @@ class Child:
     @staticmethod
     def _fork(argv: Sequence[str], env: Mapping[str, str], marker: int | None, report: int,
               held: int) -> int:  # fmt: skip
-        prctl = _prctl()  # load libc before forking, not in the child
+        prctl = libc_prctl()
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 127
             try:
-                code = _keep(argv, env, parent, report, held, prctl, marker)
+                code = keep(argv, env, parent, report, held, prctl, marker)
             finally:
                 os._exit(code)
         return pid
@@ -126,7 +126,7 @@ class Child:
     def signal(self, signum: int) -> None:
         """Signal the command and everything it started."""
         if self.returncode is None and self.group:
-            _killpg(self.group, signum)
+            signal_group(self.group, signum)
 
     def fileno(self) -> int:
         """Readable once the keeper has exited (for ``select`` and ``poll``);

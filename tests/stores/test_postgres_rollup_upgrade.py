@@ -1,8 +1,9 @@
-"""A PostgreSQL store whose rollups were kept by the functions of the version
-before the window's arrays (one JSON array of entries, the statistics
-recomputed at every end) is upgraded: the window survives the move to an
-array per field, and the ends written after the upgrade keep every statistic
-of an end equal to the fold of the ledger, across the window's turn."""
+"""A PostgreSQL store whose rollups were kept by an earlier version's
+functions is upgraded: the version before the window's arrays (one JSON
+array of entries, the statistics recomputed at every end) and version 18
+(an array per field, the durations searched as JSON). The window survives
+the move, and the ends written after the upgrade keep every statistic of an
+end equal to the fold of the ledger, across the window's turn."""
 
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ BEFORE = max(v for v in migrations(postgres_store.MIGRATIONS_DIR) if v < 18)
 __all__ = ["schema"]  # the fixture
 
 
-def test_rollups_kept_before_the_window_arrays_are_carried_on_by_the_upgraded_ends(schema: str) -> None:
-    create_at_version(schema, BEFORE)
+@pytest.mark.parametrize("version", [BEFORE, 18])
+def test_rollups_kept_by_an_earlier_version_are_carried_on_by_the_upgraded_ends(
+    schema: str, version: int
+) -> None:
+    create_at_version(schema, version)
     t0 = 1_760_000_000.0
     with psycopg.connect(SHARED, autocommit=True) as conn:
         conn.execute(f'SET search_path TO "{schema}"')

@@ -231,18 +231,29 @@ class Cell:
     what: str
 
 
-def strip_cells(store: Store, stats: JobStats, n: int = STRIP_SLOTS) -> list[Cell]:
+def strip_runs(n: int = STRIP_SLOTS) -> int:
+    """How many of a job's latest runs its strip of ``n`` slots reads at
+    most: a page of jobs reads them for every row at once
+    (``Store.latest_runs``) and hands each row its own (``strip_cells``)."""
+    return 2 * n + 4
+
+
+def strip_cells(
+    store: Store, stats: JobStats, n: int = STRIP_SLOTS, runs: Sequence[RunRecord] | None = None
+) -> list[Cell]:
     """The job's last ``n`` slots, oldest first, one cell each: what the slot
     ledger (``monitor.slots.decide``) decided for it, a run's cell coloured
     by how it ended. A job without a schedule has its last ``n`` runs
     instead. Two bounded reads (see ``slot_decisions``), so a page of jobs
-    costs what its rows cost, whatever the size of the ledger."""
+    costs what its rows cost, whatever the size of the ledger; ``runs``: the
+    job's latest ``strip_runs(n)`` runs (newest first), if the caller read
+    them, which spares one."""
     if not (stats.schedule and stats.period and stats.schedule_error is None):
-        runs = store.runs(stats.job, n)
+        latest = store.runs(stats.job, n) if runs is None else runs[:n]
         return [_run_cell(r.started_at, r.outcome.value if r.outcome else "running", r.run_id)
-                for r in reversed(runs)]  # fmt: skip
+                for r in reversed(latest)]  # fmt: skip
     cells = []
-    for d in slot_decisions(store, stats, stats.now - (n + 1) * stats.period, n):
+    for d in slot_decisions(store, stats, stats.now - (n + 1) * stats.period, n, runs):
         if d.decision in ("ran", "late") and d.outcome is not None:
             cell = _run_cell(d.slot, d.outcome, d.run_id or "")
             if d.decision == "late" and cell.kind == "ok":
@@ -254,12 +265,16 @@ def strip_cells(store: Store, stats: JobStats, n: int = STRIP_SLOTS) -> list[Cel
     return cells
 
 
-def slot_decisions(store: Store, stats: JobStats, since: float, most: int) -> list[SlotDecision]:
+def slot_decisions(
+    store: Store, stats: JobStats, since: float, most: int, runs: Sequence[RunRecord] | None = None
+) -> list[SlotDecision]:
     """The slot ledger's decisions (oldest first) for the job's last ``most``
     slots after ``since``; empty for a job without a schedule. Two reads,
-    bounded by ``most``: the job's latest runs and its refusals and scheduler
-    decisions since the first slot. A slot older than what the reads
-    reached (many extra starts) is left out rather than called missed."""
+    bounded by ``most``: the job's latest runs (or the first of ``runs``,
+    its latest ``strip_runs(most)`` if the caller read them) and its
+    refusals and scheduler decisions since the first slot. A slot older
+    than what the reads reached (many extra starts) is left out rather than
+    called missed."""
     from cronwarden.monitor.slots import SLOT_EVENT_KINDS, decide, expected_slots
 
     if not (stats.schedule and stats.period and stats.schedule_error is None):
@@ -269,8 +284,8 @@ def slot_decisions(store: Store, stats: JobStats, since: float, most: int) -> li
     if not slots:
         return []
     early = min(60.0, period / 10)
-    read = 2 * len(slots) + 4  # a crowded slot's extra starts, within reason
-    runs = store.runs(stats.job, read)
+    read = strip_runs(len(slots))  # a crowded slot's extra starts, within reason
+    runs = store.runs(stats.job, read) if runs is None else list(runs[:read])
     events = store.events(
         EventQuery(job=stats.job, kinds=SLOT_EVENT_KINDS, since=slots[0] - early, limit=4 * read)
     )

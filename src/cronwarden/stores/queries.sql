@@ -88,12 +88,14 @@ SELECT sink, count(*) FROM {s}.outbox_rejected GROUP BY sink ORDER BY sink;
 
 -- name: rollups --
 -- Every job's rollup (stores/rollup.py), in Rollup's field order; the JSON
--- columns as text, decoded by the reader (w_durations only on demand).
+-- columns as text, decoded by the reader (w_durations only on demand). In no
+-- order: the reader sorts them (rows this wide, thousands of them, are a sort
+-- on disk for PostgreSQL's work_mem).
 SELECT job, stale, ended, CAST(outcomes AS TEXT), completed, duration_sum, last_start, last_success,
        bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, CAST(skip_times AS TEXT),
        w_runs, w_oldest, w_flagged, w_completed, CAST(w_outcomes AS TEXT), CAST(w_durations AS TEXT), p50, p95,
        w_max, w_last_success, CAST(attempts AS TEXT)
-FROM {s}.rollups ORDER BY job;
+FROM {s}.rollups;
 
 -- name: rollup_version --
 -- What a rebuild compares before it writes: a run that started or ended, or

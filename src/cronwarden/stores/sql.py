@@ -352,7 +352,7 @@ class SqlStore(Store):
     def rollups(self) -> dict[str, Rollup] | None:
         from cronwarden.stores.rollup import from_rows
 
-        return from_rows(self._fetch(self._shared["rollups"], ()))
+        return from_rows(sorted(self._fetch(self._shared["rollups"], ()), key=lambda row: str(row[0])))
 
     def rebuild_rollups(self, jobs: Sequence[str] | None = None) -> int:
         from cronwarden.stores.rollup import ROLLUP_EVENT_KINDS, fold

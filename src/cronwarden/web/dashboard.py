@@ -46,6 +46,7 @@ from cronwarden.monitor.views import (
     slot_decisions,
     state,
     strip_cells,
+    strip_runs,
     when,
 )
 from cronwarden.sinks.base import event_json
@@ -346,6 +347,7 @@ class Dashboard:
         if page < pages:
             nav.append(f'<a rel="next" href="{esc(link(page=page + 1))}">next →</a>')
         pager = f'<nav class="pages">{"".join(nav)}</nav>'
+        latest = self.store.latest_runs([s.job for s in shown], strip_runs()) if shown else {}  # the strips'
         jobs = table(
             [
                 "job",
@@ -365,7 +367,7 @@ class Dashboard:
             [
                 [
                     job_link(s.job),
-                    strip(strip_cells(self.store, s), s.job),
+                    strip(strip_cells(self.store, s, runs=latest[s.job]), s.job),
                     badge(verdict_of[s.job]) + _finding_badges(by_job.get(s.job, ())),
                     esc(s.schedule or dur(s.period)),
                     dur(s.p50),

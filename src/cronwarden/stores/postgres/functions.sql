@@ -358,42 +358,31 @@ BEGIN
     RETURN v_owner;
 END $$;
 
--- The q-quantile of a JSON array of ascending numbers: stores/rollup.py's
--- quantile, operation for operation (so the rollup agrees with its rebuild).
-CREATE FUNCTION {s}.rollup_quantile(p_sorted jsonb, p_q double precision)
-RETURNS double precision LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    v_n integer := jsonb_array_length(p_sorted);
-    v_h double precision;
-    v_lo integer;
-    v_hi integer;
-BEGIN
-    IF v_n = 0 THEN
-        RETURN NULL;
-    END IF;
-    v_h := (v_n - 1) * p_q;
-    v_lo := floor(v_h)::integer;
-    v_hi := least(v_lo + 1, v_n - 1);
-    RETURN (p_sorted->>v_lo)::double precision
-        + ((p_sorted->>v_hi)::double precision - (p_sorted->>v_lo)::double precision) * (v_h - v_lo);
-END $$;
-
--- The place in a JSON array of ascending numbers of the first not below p_v
--- (the count of those below, counted by a jsonpath filter in one call).
-CREATE FUNCTION {s}.rollup_rank(p_sorted jsonb, p_v double precision)
-RETURNS integer LANGUAGE sql IMMUTABLE AS $$
-    SELECT jsonb_array_length(jsonb_path_query_array(p_sorted, 'strict $[*] ? (@ < $v)', jsonb_build_object('v', p_v)))
+-- The q-quantile of ascending values: stores/rollup.py's quantile,
+-- operation for operation (so the rollup agrees with its rebuild): lo is
+-- floor((n - 1) q), and an empty array's elements are null. One
+-- expression, so that it is inlined where it is called.
+CREATE FUNCTION {s}.rollup_quantile(p_sorted double precision[], p_q double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_sorted[floor((cardinality(p_sorted) - 1) * p_q)::integer + 1]
+        + (p_sorted[least(floor((cardinality(p_sorted) - 1) * p_q)::integer + 1, cardinality(p_sorted) - 1) + 1]
+           - p_sorted[floor((cardinality(p_sorted) - 1) * p_q)::integer + 1])
+          * ((cardinality(p_sorted) - 1) * p_q - floor((cardinality(p_sorted) - 1) * p_q)::integer)
 $$;
 
 -- A rebuilt window's entries (stores/rollup.py's [start, end, outcome,
--- flagged], oldest ending first) as rollups' four window columns.
+-- flagged], oldest ending first) as rollups' four window columns, and the
+-- completed runs' durations ascending (w_sorted).
 CREATE FUNCTION {s}.rollup_entries(p_recent jsonb, OUT starts double precision[],
-    OUT ends double precision[], OUT results text[], OUT flags integer[])
+    OUT ends double precision[], OUT results text[], OUT flags integer[], OUT sorted double precision[])
 LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(array_agg((e->>0)::double precision ORDER BY i), '{}'),
            coalesce(array_agg((e->>1)::double precision ORDER BY i), '{}'),
            coalesce(array_agg(e->>2 ORDER BY i), '{}'),
-           coalesce(array_agg((e->>3)::integer ORDER BY i), '{}')
+           coalesce(array_agg((e->>3)::integer ORDER BY i), '{}'),
+           coalesce(array_agg((e->>1)::double precision - (e->>0)::double precision
+                              ORDER BY (e->>1)::double precision - (e->>0)::double precision)
+                    FILTER (WHERE e->>2 IN ('succeeded', 'failed', 'timed_out')), '{}')
     FROM jsonb_array_elements(p_recent) WITH ORDINALITY AS t(e, i)
 $$;
 
@@ -402,9 +391,9 @@ $$;
 -- transaction of the terminal record. The statistics are the previous ones
 -- with the run's entry put in and, in a full window, the oldest-ending
 -- entry x taken out, not recomputed over the window's entries: an array
--- comparison, a jsonpath filter or an element read each, the entries
--- scanned only when x had the earliest start or the latest success and
--- another may tie it. The row lock orders two ends of one job.
+-- comparison, a binary search (width_bucket) or an element read each, the
+-- entries scanned only when x had the earliest start or the latest success
+-- and another may tie it. The row lock orders two ends of one job.
 CREATE FUNCTION {s}.rollup_end() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     r {s}.rollups%ROWTYPE;
@@ -415,6 +404,7 @@ DECLARE
     x_end double precision;
     x_result text;
     x_flag integer;
+    k integer;
 BEGIN
     -- The job's row is there since its run started (rollup_start): an insert
     -- first, even one that does nothing, cost the end more than the rest.
@@ -441,16 +431,19 @@ BEGIN
     r.w_flagged := r.w_flagged + v_flag::integer - coalesce(x_flag, 0);
     r.w_outcomes := jsonb_set(r.w_outcomes, ARRAY[NEW.outcome],
                               to_jsonb(coalesce((r.w_outcomes->>NEW.outcome)::integer, 0) + 1));
+    -- The durations ascending: the new one after those not above it, the
+    -- leaving one out at the place of the last not above it (itself, or an
+    -- equal one).
     IF v_done THEN
-        r.w_durations := jsonb_insert(r.w_durations,
-            ARRAY[{s}.rollup_rank(r.w_durations, NEW.ended_at - NEW.started_at)::text],
-            to_jsonb(NEW.ended_at - NEW.started_at));
+        k := width_bucket(NEW.ended_at - NEW.started_at, r.w_sorted);
+        r.w_sorted := r.w_sorted[1:k] || (NEW.ended_at - NEW.started_at) || r.w_sorted[k + 1:];
     END IF;
     IF x_result IS NOT NULL THEN
         r.w_outcomes := CASE WHEN (r.w_outcomes->>x_result)::integer = 1 THEN r.w_outcomes - x_result
             ELSE jsonb_set(r.w_outcomes, ARRAY[x_result], to_jsonb((r.w_outcomes->>x_result)::integer - 1)) END;
         IF x_result IN ('succeeded', 'failed', 'timed_out') THEN
-            r.w_durations := r.w_durations - {s}.rollup_rank(r.w_durations, x_end - x_start);
+            k := width_bucket(x_end - x_start, r.w_sorted);
+            r.w_sorted := r.w_sorted[1:k - 1] || r.w_sorted[k + 1:];
         END IF;
     END IF;
     -- The earliest start: the new entry's or the one kept, unless x had it;
@@ -490,11 +483,12 @@ BEGIN
         w_flagged = r.w_flagged,
         w_outcomes = r.w_outcomes,
         w_last_success = r.w_last_success,
-        w_completed = jsonb_array_length(r.w_durations),
-        w_durations = r.w_durations,
-        w_max = (r.w_durations->>-1)::double precision,
-        p50 = {s}.rollup_quantile(r.w_durations, 0.5::double precision),
-        p95 = {s}.rollup_quantile(r.w_durations, 0.95::double precision)
+        w_completed = cardinality(r.w_sorted),
+        w_sorted = r.w_sorted,
+        w_durations = to_jsonb(r.w_sorted),
+        w_max = r.w_sorted[cardinality(r.w_sorted)],
+        p50 = {s}.rollup_quantile(r.w_sorted, 0.5),
+        p95 = {s}.rollup_quantile(r.w_sorted, 0.95)
     WHERE job = NEW.job;
     RETURN NULL;
 END $$;

@@ -199,9 +199,9 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 INSERT INTO {s}.rollups (job, stale, ended, outcomes, completed, duration_sum, last_start, last_success,
     bad_in_a_row, good_in_a_row, skips, skips_in_a_row, last_refusal, last_overlap, skip_times, w_runs,
     w_oldest, w_flagged, w_completed, w_outcomes, w_durations, p50, p95, w_max, w_last_success, attempts,
-    w_starts, w_ends, w_results, w_flags)
+    w_starts, w_ends, w_results, w_flags, w_sorted)
 SELECT %s, %s::integer::boolean, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s,
-    %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s::jsonb, e.starts, e.ends, e.results, e.flags
+    %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s::jsonb, e.starts, e.ends, e.results, e.flags, e.sorted
 FROM {s}.rollup_entries(%s::jsonb) e
 ON CONFLICT (job) DO NOTHING;
 
@@ -216,7 +216,7 @@ UPDATE {s}.rollups SET stale = v.stale, ended = v.ended, outcomes = v.outcomes, 
     w_runs = v.w_runs, w_oldest = v.w_oldest, w_flagged = v.w_flagged, w_completed = v.w_completed,
     w_outcomes = v.w_outcomes, w_durations = v.w_durations, p50 = v.p50, p95 = v.p95, w_max = v.w_max,
     w_last_success = v.w_last_success, attempts = v.attempts, w_starts = e.starts, w_ends = e.ends,
-    w_results = e.results, w_flags = e.flags
+    w_results = e.results, w_flags = e.flags, w_sorted = e.sorted
 FROM (SELECT %s AS job, %s::integer::boolean AS stale, %s::bigint AS ended, %s::jsonb AS outcomes,
              %s::bigint AS completed, %s::float8 AS duration_sum, %s::float8 AS last_start,
              %s::float8 AS last_success, %s::integer AS bad, %s::integer AS good, %s::bigint AS skips,

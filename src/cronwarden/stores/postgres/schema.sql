@@ -177,5 +177,8 @@ CREATE TABLE {s}.rollups (
     w_starts       double precision[] NOT NULL DEFAULT '{}',
     w_ends         double precision[] NOT NULL DEFAULT '{}',
     w_results      text[] NOT NULL DEFAULT '{}',
-    w_flags        integer[] NOT NULL DEFAULT '{}'
+    w_flags        integer[] NOT NULL DEFAULT '{}',
+    -- The window's completed durations ascending (w_durations, as an array):
+    -- where an end puts its duration in and takes the leaving one out.
+    w_sorted       double precision[] NOT NULL DEFAULT '{}'
 );

@@ -17,6 +17,14 @@ Every write is one transaction begun with ``BEGIN IMMEDIATE``, which takes
 the file's write lock up front: two processes never both read a free lease
 and grant it, and the store's clock is read once per step.
 
+Writes from several threads of one process share commits (``_Serial``): a
+write that ends while others wait for the connection leaves the transaction
+open for them (its own statements under a savepoint), and one commit, one
+fsync, covers them all; none returns before that commit. A scheduler's
+workers starting hundreds of runs a second would otherwise queue behind one
+fsync each, three a run. A single thread commits every write at once, as
+before.
+
 The outbox is a mark per sink plus the acknowledged events above it. SQLite
 has one writer at a time and assigns ``seq`` inside the write transaction, so
 ``seq`` order is commit order here: no event can appear below an
@@ -36,6 +44,7 @@ common case (up to date) is one read at open, with no write lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -153,7 +162,7 @@ class SqliteStore(SqlStore):
         self.retention = retention
         self._clock = clock
         self._busy_ms = int(busy_timeout * 1000)
-        self._lock = threading.Lock()
+        self._lock = _Serial(self)
         self._transaction = _Transaction(self)
         self._q = queries(os.path.join(HERE, "queries.sql"))
         self._use_shared_queries("main", "?")
@@ -346,7 +355,7 @@ class SqliteStore(SqlStore):
         return self._transaction
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        with self._lock:
+        with self._lock.reading():
             try:
                 return fn(self._db)
             except sqlite3.Error as e:
@@ -358,6 +367,13 @@ class SqliteStore(SqlStore):
     def _write(self, sql: str, args: Sequence[Any]) -> int:
         with self._tx() as db:
             return db.execute(sql, args).rowcount
+
+    def latest_runs(self, jobs: Sequence[str], limit: int) -> dict[str, list[RunRecord]]:
+        found: dict[str, list[RunRecord]] = {job: [] for job in jobs}
+        if jobs and limit != 0:
+            for row in self._fetch(self._q["latest_runs"], (json.dumps(list(jobs)), limit)):
+                found[row[1]].append(run_from_row(row))
+        return found
 
     def _save_rollup(self, rollup: Rollup, recent: list[Entry], seen: tuple[Any, ...] | None) -> bool:
         from cronwarden.stores.rollup import ROLLUP_RUNS, row_of
@@ -788,9 +804,169 @@ def statements(script: str) -> Iterator[str]:
         yield pending.strip()
 
 
+MAX_SHARED = 64
+"""Writes one commit covers at most: the file's write lock is held for them
+all, and other processes wait that long."""
+SHARED_WAIT = 0.05
+"""Seconds a write that left the transaction open waits for another to
+commit it before it commits itself."""
+
+
+class _Serial:
+    """The store's connection, one user at a time, and the commit its
+    threads' writes share (see the module). ``with store._lock`` is a use
+    outside any write transaction (a renewal, an autocommit statement,
+    ``close``): it commits a transaction left open first. ``reading()`` is a
+    read, which may run inside one: it sees the writes of threads that are
+    still waiting for their commit, never another process's uncommitted ones."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self._mutex = threading.Lock()
+        self._committed = threading.Condition(self._mutex)
+        self._gate = threading.Lock()
+        self.queued = 0
+        """Threads waiting for the connection to begin a write."""
+        self.open = False
+        """A transaction is open that writes have left to be committed."""
+        self.members = 0
+        """Writes in the open transaction, waiting for its commit."""
+        self.epoch = 0
+        """Counts the commits of shared transactions (and their failures)."""
+        self.failed: dict[int, list[Any]] = {}
+        """By epoch: the commit's error and how many writes are yet to raise it."""
+        self.nested = False
+        """The write going on joined an open transaction (under a savepoint)."""
+
+    def __enter__(self) -> None:
+        self._mutex.acquire()
+        if self.open:
+            try:
+                self.commit(member=False)  # its writes' error, if any, is theirs
+            except BaseException:
+                self._mutex.release()
+                raise
+
+    def __exit__(self, *exc: object) -> None:
+        self._mutex.release()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._mutex:
+            yield
+
+    def begin(self) -> None:
+        """Take the connection for a write: the transaction left open, or a new one."""
+        with self._gate:
+            self.queued += 1
+        self._mutex.acquire()
+        with self._gate:
+            self.queued -= 1
+        db = self._store._db
+        try:
+            # The first write of a transaction fails alone by rolling it
+            # back; one that joins an open transaction has a savepoint.
+            self.nested = self.open
+            if self.open:
+                db.execute("SAVEPOINT write")
+            else:
+                db.execute("BEGIN IMMEDIATE")
+                self.open = True
+        except BaseException:
+            try:
+                if self.open and not db.in_transaction:
+                    self._lost()
+                elif self.open and self.members == 0:
+                    db.execute("ROLLBACK")
+                    self.open = False
+            finally:
+                self._mutex.release()
+            raise
+
+    def end(self, ok: bool) -> None:
+        """The write's statements are done (``ok``) or failed: keep or undo
+        them, and return once they are committed (raising if the commit
+        failed), or at once when undone."""
+        db = self._store._db
+        try:
+            if not db.in_transaction:  # SQLite rolled the whole transaction back (a full disk, an I/O error)
+                error = self._lost()
+                if ok:
+                    raise error
+                return
+            if not ok:
+                if self.nested:
+                    db.execute("ROLLBACK TO write")
+                    db.execute("RELEASE write")
+                if self.members == 0:
+                    db.execute("ROLLBACK")
+                    self.open = False
+                    return
+                with self._gate:
+                    others = self.queued
+                if not others:
+                    self.commit(member=False)
+                return
+            if self.nested:
+                db.execute("RELEASE write")
+            self.members += 1
+            with self._gate:
+                others = self.queued
+            if not others or self.members >= MAX_SHARED:
+                self.commit()
+                return
+            mine = self.epoch
+            while self.epoch == mine:
+                if not self._committed.wait(SHARED_WAIT) and self.epoch == mine:
+                    self.commit()
+                    return
+            failed = self.failed.get(mine)
+            if failed is not None:
+                failed[1] -= 1
+                if failed[1] == 0:
+                    del self.failed[mine]
+                raise failed[0]
+        finally:
+            self._mutex.release()
+
+    def commit(self, *, member: bool = True) -> None:
+        """Commit the open transaction (the mutex held): every write in it
+        returns, or raises the commit's error; so does the caller, a
+        ``member`` of it."""
+        db = self._store._db
+        error: BaseException | None = None
+        try:
+            db.execute("COMMIT")
+        except BaseException as e:
+            error = _store_error(self._store.path, e) if isinstance(e, sqlite3.Error) else e
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+        self._settled(error, self.members - 1 if member else self.members)
+        if error is not None and member:
+            raise error
+
+    def _lost(self) -> StoreUnavailable:
+        """The open transaction is gone with its writes: theirs fail (the
+        error returned, for the caller's own)."""
+        error = StoreUnavailable(f"SQLite store {self._store.path}: the transaction was rolled back")
+        self._settled(error, self.members)
+        return error
+
+    def _settled(self, error: BaseException | None, others: int) -> None:
+        """The open transaction ended: its ``others`` waiting writes are
+        woken, to raise ``error`` if there is one."""
+        if error is not None and others > 0:
+            self.failed[self.epoch] = [error, others]
+        self.open = False
+        self.members = 0
+        self.epoch += 1
+        self._committed.notify_all()
+
+
 class _Transaction:
     """``SqliteStore._tx``: one reusable object (the store's lock serializes
-    its users), cheaper than a generator-based context manager per call."""
+    its users), cheaper than a generator-based context manager per call.
+    A write in the transaction the store's threads share (``_Serial``)."""
 
     __slots__ = ("_store",)
 
@@ -799,34 +975,21 @@ class _Transaction:
 
     def __enter__(self) -> sqlite3.Connection:
         store = self._store
-        store._lock.acquire()
         try:
-            store._db.execute("BEGIN IMMEDIATE")
-        except BaseException as e:
-            store._lock.release()
-            if isinstance(e, sqlite3.Error):
-                raise _store_error(store.path, e) from None
-            raise
+            store._lock.begin()
+        except sqlite3.Error as e:
+            raise _store_error(store.path, e) from None
         return store._db
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         store = self._store
-        db = store._db
         try:
+            store._lock.end(exc is None)
+        except sqlite3.Error as e:
             if exc is None:
-                try:
-                    db.execute("COMMIT")
-                    return
-                except BaseException as e:
-                    exc = e
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise _store_error(store.path, exc) from None
-            if exc_type is None:
-                raise exc
-        finally:
-            store._lock.release()
+                raise _store_error(store.path, e) from None
+        if isinstance(exc, sqlite3.Error):
+            raise _store_error(store.path, exc) from None
 
 
 def _refused(lease: Lease, row: Sequence[Any] | None) -> LeaseLost:

@@ -257,3 +257,13 @@ FROM json_each(?) AS j
 JOIN events AS e ON e.seq = (
     SELECT seq FROM events WHERE job = j.key AND at >= j.value AND {kinds} ORDER BY at DESC, seq LIMIT 1
 );
+
+-- name: latest_runs --
+-- Store.latest_runs: each of the jobs' (? is a JSON array of them) latest ?
+-- runs, newest first, in one read: one bounded walk of the index runs (job,
+-- started_at) per job.
+SELECT r.run_id, r.job, r.key, r.host, r.pid, r.token, r.slot, r.started_at, r.ended_at, r.outcome,
+       r.exit_code, r.detail
+FROM json_each(?1) AS j
+JOIN runs AS r ON r.run_id IN (SELECT run_id FROM runs WHERE job = j.value ORDER BY started_at DESC LIMIT ?2)
+ORDER BY j.key, r.started_at DESC;

@@ -76,6 +76,9 @@ CREATE INDEX events_pauses ON events (job, at)
     WHERE kind IN ('job_paused', 'job_resumed', 'paused');
 CREATE INDEX events_trouble ON events (at)
     WHERE kind IN ('abandoned', 'failed', 'failing', 'grace_too_wide', 'interrupted', 'job_paused', 'job_resumed', 'lease_lost', 'misfired', 'missed', 'overlap', 'paused', 'policy_undecided', 'queue_full', 'replaced', 'sink_failed', 'sink_rejected', 'skipped', 'skips_in_a_row', 'slow', 'snoozed', 'stopped', 'stuck', 'timed_out', 'too_often', 'unsnoozed');
+-- Each job's newest manual start (triggered) since a time of its own, all jobs in
+-- one read (Store.latest_since): whether the attempts a rollup keeps hold one.
+CREATE INDEX events_triggered ON events (job, at) WHERE kind IN ('triggered');
 -- A rowid is max(rowid) + 1, so deleting the newest event would hand its seq
 -- out again, below a sink's mark that had passed it: the sink would never see
 -- the new event. Older events may be deleted (retention); the newest may not.

@@ -3,9 +3,9 @@
 -- the window's statistics over its rows again: aggregates over at most 50
 -- rows, the quantiles read from the index at their offsets. It replaces
 -- version 16's fixed-width cells of w_durations and its 51st place, which
--- were as costly per end and harder to read. The ring goes back to 50
--- places (the run's end counted from 0, mod 50): the entry that leaves is
--- the row the new one replaces.
+-- cost an end more CPU (bench/README.md) and were harder to read. The ring
+-- goes back to 50 places (the run's end counted from 0, mod 50): the entry
+-- that leaves is the row the new one replaces.
 
 CREATE TEMP TABLE rollup_window_v16 AS
 SELECT w.job, r.ended - 1 - ((r.ended - 1 - w.place) % 51) AS n, w.started_at, w.ended_at, w.outcome, w.flagged

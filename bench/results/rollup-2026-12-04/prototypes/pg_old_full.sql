@@ -1,0 +1,118 @@
+CREATE FUNCTION {s}.rollup_quantile(p_sorted jsonb, p_q double precision)
+RETURNS double precision LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_n integer := jsonb_array_length(p_sorted);
+    v_h double precision;
+    v_lo integer;
+    v_hi integer;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN NULL;
+    END IF;
+    v_h := (v_n - 1) * p_q;
+    v_lo := floor(v_h)::integer;
+    v_hi := least(v_lo + 1, v_n - 1);
+    RETURN (p_sorted->>v_lo)::double precision
+        + ((p_sorted->>v_hi)::double precision - (p_sorted->>v_lo)::double precision) * (v_h - v_lo);
+END $$;
+
+-- The place in a JSON array of ascending numbers of the first not below p_v
+-- (the count of those below, counted by a jsonpath filter in one call).
+CREATE FUNCTION {s}.rollup_rank(p_sorted jsonb, p_v double precision)
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_array_length(jsonb_path_query_array(p_sorted, 'strict $[*] ? (@ < $v)', jsonb_build_object('v', p_v)))
+$$;
+
+CREATE OR REPLACE FUNCTION {s}.rollup_end() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r {s}.rollups%ROWTYPE;
+    v_done boolean := NEW.outcome IN ('succeeded', 'failed', 'timed_out');
+    v_bad boolean := NEW.outcome IN ('failed', 'lease_lost', 'timed_out', 'abandoned', 'interrupted');
+    v_flag boolean;
+    x_start double precision;  -- the entry that leaves, if the window was full
+    x_end double precision;
+    x_result text;
+    x_flag integer;
+BEGIN
+    -- The job's row is there since its run started (rollup_start): an insert
+    -- first, even one that does nothing, cost the end more than the rest.
+    SELECT * INTO r FROM {s}.rollups WHERE job = NEW.job FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO {s}.rollups (job) VALUES (NEW.job) ON CONFLICT (job) DO NOTHING;
+        SELECT * INTO r FROM {s}.rollups WHERE job = NEW.job FOR UPDATE;
+    END IF;
+    IF cardinality(r.w_ends) >= 50 THEN
+        x_start := r.w_starts[1];
+        x_end := r.w_ends[1];
+        x_result := r.w_results[1];
+        x_flag := r.w_flags[1];
+        r.w_starts := r.w_starts[2:];
+        r.w_ends := r.w_ends[2:];
+        r.w_results := r.w_results[2:];
+        r.w_flags := r.w_flags[2:];
+    END IF;
+    v_flag := NEW.outcome = 'abandoned' OR NEW.key <> NEW.job OR NEW.started_at < ANY (r.w_ends);
+    r.w_starts := r.w_starts || NEW.started_at;
+    r.w_ends := r.w_ends || NEW.ended_at;
+    r.w_results := r.w_results || NEW.outcome;
+    r.w_flags := r.w_flags || v_flag::integer;
+    r.w_flagged := r.w_flagged + v_flag::integer - coalesce(x_flag, 0);
+    r.w_outcomes := jsonb_set(r.w_outcomes, ARRAY[NEW.outcome],
+                              to_jsonb(coalesce((r.w_outcomes->>NEW.outcome)::integer, 0) + 1));
+    IF v_done THEN
+        r.w_durations := jsonb_insert(r.w_durations,
+            ARRAY[{s}.rollup_rank(r.w_durations, NEW.ended_at - NEW.started_at)::text],
+            to_jsonb(NEW.ended_at - NEW.started_at));
+    END IF;
+    IF x_result IS NOT NULL THEN
+        r.w_outcomes := CASE WHEN (r.w_outcomes->>x_result)::integer = 1 THEN r.w_outcomes - x_result
+            ELSE jsonb_set(r.w_outcomes, ARRAY[x_result], to_jsonb((r.w_outcomes->>x_result)::integer - 1)) END;
+        IF x_result IN ('succeeded', 'failed', 'timed_out') THEN
+            r.w_durations := r.w_durations - {s}.rollup_rank(r.w_durations, x_end - x_start);
+        END IF;
+    END IF;
+    -- The earliest start: the new entry's or the one kept, unless x had it;
+    -- then the oldest-ending entry's when none started before it.
+    IF x_start IS NULL OR x_start > r.w_oldest THEN
+        r.w_oldest := least(r.w_oldest, NEW.started_at);
+    ELSIF r.w_starts[1] <= ALL (r.w_starts) THEN
+        r.w_oldest := r.w_starts[1];
+    ELSE
+        r.w_oldest := (SELECT min(v) FROM unnest(r.w_starts) v);
+    END IF;
+    IF x_result IS DISTINCT FROM 'succeeded' OR x_end < r.w_last_success THEN
+        IF NEW.outcome = 'succeeded' THEN
+            r.w_last_success := greatest(r.w_last_success, NEW.ended_at);
+        END IF;
+    ELSE
+        r.w_last_success := (SELECT max(e) FROM unnest(r.w_ends, r.w_results) AS t(e, o) WHERE o = 'succeeded');
+    END IF;
+    UPDATE {s}.rollups SET
+        ended = r.ended + 1,
+        outcomes = jsonb_set(r.outcomes, ARRAY[NEW.outcome],
+                             to_jsonb(coalesce((r.outcomes->>NEW.outcome)::bigint, 0) + 1)),
+        completed = r.completed + v_done::integer,
+        duration_sum = r.duration_sum + CASE WHEN v_done THEN NEW.ended_at - NEW.started_at ELSE 0 END,
+        last_success = CASE WHEN NEW.outcome <> 'succeeded' THEN r.last_success
+                            ELSE greatest(r.last_success, NEW.ended_at) END,
+        bad_in_a_row = CASE WHEN NEW.outcome = 'succeeded' THEN 0 WHEN v_bad THEN r.bad_in_a_row + 1
+                            ELSE r.bad_in_a_row END,
+        good_in_a_row = CASE WHEN NEW.outcome = 'succeeded' THEN r.good_in_a_row + 1 WHEN v_bad THEN 0
+                             ELSE r.good_in_a_row END,
+        w_starts = r.w_starts,
+        w_ends = r.w_ends,
+        w_results = r.w_results,
+        w_flags = r.w_flags,
+        w_runs = cardinality(r.w_ends),
+        w_oldest = r.w_oldest,
+        w_flagged = r.w_flagged,
+        w_outcomes = r.w_outcomes,
+        w_last_success = r.w_last_success,
+        w_completed = jsonb_array_length(r.w_durations),
+        w_durations = r.w_durations,
+        w_max = (r.w_durations->>-1)::double precision,
+        p50 = {s}.rollup_quantile(r.w_durations, 0.5::double precision),
+        p95 = {s}.rollup_quantile(r.w_durations, 0.95::double precision)
+    WHERE job = NEW.job;
+    RETURN NULL;
+END $$;

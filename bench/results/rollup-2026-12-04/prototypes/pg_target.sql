@@ -1,0 +1,1 @@
+ALTER TABLE {s}.rollups SET (toast_tuple_target = 8160);
