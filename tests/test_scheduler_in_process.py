@@ -137,21 +137,26 @@ def test_a_killed_keeper_of_the_launcher_takes_its_command_group_with_it(
     sqlite: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
     """kill -9 of one run's keeper (the launcher spawned its command, so the
-    command has no parent death signal of its own): the command and what it
-    started in its group are killed by the launcher, their subreaper, and
-    the run ends."""
-    pidfile = tmp_path / "pids"
-    script = f"sleep 120 & echo $$ $! > {pidfile}; wait"
+    command has no parent death signal of its own): the command, what it
+    started in its group and what that started out of it are killed by the
+    launcher, their subreaper, and the run ends."""
+    pidfile, escaped = tmp_path / "pids", tmp_path / "escaped"
+    # The shell's child starts one of its own out of the group: handed to
+    # the launcher when its parent dies, it is killed in turn.
+    script = (f"sh -c 'setsid sleep 120 & echo $! > {escaped}; wait' & sleep 120 & echo $$ $! > {pidfile}; "
+              "wait")  # fmt: skip
     launcher = Launcher()
     try:
         with Warden(sqlite, clock=clock, quiet=True) as warden:
             fires = InProcess(warden, say=lambda _line: None, launcher=launcher)
             long = fires(job("nap", ["sh", "-c", script], ttl=3600.0), T0, None)
             _wait_for(lambda: long.pid != 0 and pidfile.exists() and len(pidfile.read_text().split()) == 2)
+            _wait_for(lambda: escaped.exists() and escaped.read_text().strip())
             shell, sleeper = map(int, pidfile.read_text().split())
+            away = int(escaped.read_text())
             os.kill(long.pid, signal.SIGKILL)
             assert long.wait(30) == 128 + signal.SIGKILL
-            _wait_for(lambda: not alive(shell) and not alive(sleeper), timeout=10)
+            _wait_for(lambda: not alive(shell) and not alive(sleeper) and not alive(away), timeout=10)
             fires.close()
     finally:
         launcher.close()

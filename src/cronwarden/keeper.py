@@ -482,7 +482,8 @@ def _reap(held: dict[int, int]) -> None:
     """Reap what exited, and write each keeper's exit status to its pipe. A
     keeper killed by a signal did not stop its command: the command is this
     process's child now (its subreaper), and any child that is not a keeper
-    is what is left of a run whose keeper is gone: killed with its group."""
+    is what is left of a run whose keeper is gone: killed with its group
+    (and what it started, handed here as it dies, in turn)."""
     orphaned = False
     while True:
         try:
@@ -492,10 +493,12 @@ def _reap(held: dict[int, int]) -> None:
         if not pid:
             break
         fd = held.pop(pid, None)
-        if fd is not None:
-            os.write(fd, str(os.waitstatus_to_exitcode(raw)).encode())  # far below a pipe's buffer
-            os.close(fd)
-            orphaned = orphaned or os.WIFSIGNALED(raw)
+        if fd is None:
+            orphaned = True
+            continue
+        os.write(fd, str(os.waitstatus_to_exitcode(raw)).encode())  # far below a pipe's buffer
+        os.close(fd)
+        orphaned = orphaned or os.WIFSIGNALED(raw)
     if orphaned:
         for pid in _children(os.getpid()):
             if pid not in held:

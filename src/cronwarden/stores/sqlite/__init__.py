@@ -835,6 +835,8 @@ class _Serial:
         """Counts the commits of shared transactions (and their failures)."""
         self.failed: dict[int, list[Any]] = {}
         """By epoch: the commit's error and how many writes are yet to raise it."""
+        self.nested = False
+        """The write going on joined an open transaction (under a savepoint)."""
 
     def __enter__(self) -> None:
         self._mutex.acquire()
@@ -862,10 +864,14 @@ class _Serial:
             self.queued -= 1
         db = self._store._db
         try:
-            if not self.open:
+            # The first write of a transaction fails alone by rolling it
+            # back; one that joins an open transaction has a savepoint.
+            self.nested = self.open
+            if self.open:
+                db.execute("SAVEPOINT write")
+            else:
                 db.execute("BEGIN IMMEDIATE")
                 self.open = True
-            db.execute("SAVEPOINT write")
         except BaseException:
             try:
                 if self.open and not db.in_transaction:
@@ -889,8 +895,9 @@ class _Serial:
                     raise error
                 return
             if not ok:
-                db.execute("ROLLBACK TO write")
-                db.execute("RELEASE write")
+                if self.nested:
+                    db.execute("ROLLBACK TO write")
+                    db.execute("RELEASE write")
                 if self.members == 0:
                     db.execute("ROLLBACK")
                     self.open = False
@@ -900,7 +907,8 @@ class _Serial:
                 if not others:
                     self.commit(member=False)
                 return
-            db.execute("RELEASE write")
+            if self.nested:
+                db.execute("RELEASE write")
             self.members += 1
             with self._gate:
                 others = self.queued
