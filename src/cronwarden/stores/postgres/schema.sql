@@ -181,4 +181,4 @@ CREATE TABLE {s}.rollups (
     -- The window's completed durations ascending (w_durations, as an array):
     -- where an end puts its duration in and takes the leaving one out.
     w_sorted       double precision[] NOT NULL DEFAULT '{}'
-);
+) WITH (toast_tuple_target = 8160);  -- kept whole in its page: not compressed at each write, read as is
