@@ -481,11 +481,13 @@ class Monitor:
             return None
         rules = self.rules_of(job)
         outcomes = dict(r.w_outcomes)
-        failing = None
-        # The window's runs, in order: one bounded read, no events (the pass read them: ``_reads``).
-        if job in reads.windows if reads is not None else self._window_decides(r, rules):
-            recent = reads.windows[job] if reads is not None else self.store.runs(job, t.runs)
-            failing = _failing([x for x in recent if x.started_at >= since], rules)
+        # The window's runs, in order, where they decide failing: one bounded read, no events
+        # (or read already, for every such job, by the pass: ``_reads``).
+        if reads is not None:
+            recent = reads.windows.get(job)
+        else:
+            recent = self.store.runs(job, t.runs) if self._window_decides(r, rules) else None
+        failing = None if recent is None else _failing([x for x in recent if x.started_at >= since], rules)
         period, schedule_error = self._period(info, now)
         schedule = _schedule_text(info, period)
         slots: tuple[tuple[float, int], ...] = ()
