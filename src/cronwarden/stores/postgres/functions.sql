@@ -498,42 +498,52 @@ CREATE TRIGGER rollup_end AFTER UPDATE OF outcome ON {s}.runs
     EXECUTE FUNCTION {s}.rollup_end();
 
 -- A run starts: an attempt, the latest start, and the skips at or after it.
+-- One update of the row (it is rewritten whole, about 3 KB with a full
+-- window), the insert only for a job's first start: an insert first, even
+-- one that does nothing, and a second update cost more than the rest.
 CREATE FUNCTION {s}.rollup_start() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO {s}.rollups (job) VALUES (NEW.job) ON CONFLICT (job) DO NOTHING;
-    UPDATE {s}.rollups SET attempts = CASE WHEN jsonb_array_length(attempts) >= 16 THEN attempts - 0
-                                           ELSE attempts END
-                                      || jsonb_build_array(jsonb_build_array(NEW.started_at, NEW.slot))
-    WHERE job = NEW.job;
-    UPDATE {s}.rollups SET
-        skips_in_a_row = (SELECT count(*) FROM jsonb_array_elements(skip_times) t
-                          WHERE t::text::double precision >= NEW.started_at),
-        last_start = NEW.started_at
-    WHERE job = NEW.job AND (last_start IS NULL OR NEW.started_at >= last_start);
+    LOOP
+        UPDATE {s}.rollups SET
+            attempts = CASE WHEN jsonb_array_length(attempts) >= 16 THEN attempts - 0 ELSE attempts END
+                       || jsonb_build_array(jsonb_build_array(NEW.started_at, NEW.slot)),
+            skips_in_a_row = CASE WHEN last_start IS NULL OR NEW.started_at >= last_start
+                                  THEN (SELECT count(*) FROM jsonb_array_elements(skip_times) t
+                                        WHERE t::text::double precision >= NEW.started_at)
+                                  ELSE skips_in_a_row END,
+            last_start = greatest(last_start, NEW.started_at)
+        WHERE job = NEW.job;
+        EXIT WHEN FOUND;
+        INSERT INTO {s}.rollups (job) VALUES (NEW.job) ON CONFLICT (job) DO NOTHING;
+    END LOOP;
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER rollup_start AFTER INSERT ON {s}.runs
     FOR EACH ROW EXECUTE FUNCTION {s}.rollup_start();
 
--- A refused or overlapping start.
+-- A refused or overlapping start (one update, the insert only for a job's
+-- first: as rollup_start).
 CREATE FUNCTION {s}.rollup_refusal() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO {s}.rollups (job) VALUES (NEW.job) ON CONFLICT (job) DO NOTHING;
-    UPDATE {s}.rollups SET
-        last_overlap = CASE WHEN NEW.kind = 'overlap' THEN greatest(last_overlap, NEW.at) ELSE last_overlap END,
-        last_refusal = CASE WHEN NEW.kind = 'overlap' THEN last_refusal ELSE greatest(last_refusal, NEW.at) END,
-        skips = skips + (NEW.kind = 'skipped')::integer,
-        skips_in_a_row = skips_in_a_row
-            + (NEW.kind = 'skipped' AND (last_start IS NULL OR NEW.at >= last_start))::integer,
-        attempts = CASE WHEN NEW.kind NOT IN ('skipped', 'queue_full') THEN attempts
-                        WHEN jsonb_array_length(attempts) >= 16
-                        THEN (attempts - 0) || jsonb_build_array(jsonb_build_array(NEW.at, NULL))
-                        ELSE attempts || jsonb_build_array(jsonb_build_array(NEW.at, NULL)) END,
-        skip_times = CASE WHEN NEW.kind <> 'skipped' THEN skip_times
-                          WHEN jsonb_array_length(skip_times) >= 50 THEN (skip_times - 0) || to_jsonb(NEW.at)
-                          ELSE skip_times || to_jsonb(NEW.at) END
-    WHERE job = NEW.job;
+    LOOP
+        UPDATE {s}.rollups SET
+            last_overlap = CASE WHEN NEW.kind = 'overlap' THEN greatest(last_overlap, NEW.at) ELSE last_overlap END,
+            last_refusal = CASE WHEN NEW.kind = 'overlap' THEN last_refusal ELSE greatest(last_refusal, NEW.at) END,
+            skips = skips + (NEW.kind = 'skipped')::integer,
+            skips_in_a_row = skips_in_a_row
+                + (NEW.kind = 'skipped' AND (last_start IS NULL OR NEW.at >= last_start))::integer,
+            attempts = CASE WHEN NEW.kind NOT IN ('skipped', 'queue_full') THEN attempts
+                            WHEN jsonb_array_length(attempts) >= 16
+                            THEN (attempts - 0) || jsonb_build_array(jsonb_build_array(NEW.at, NULL))
+                            ELSE attempts || jsonb_build_array(jsonb_build_array(NEW.at, NULL)) END,
+            skip_times = CASE WHEN NEW.kind <> 'skipped' THEN skip_times
+                              WHEN jsonb_array_length(skip_times) >= 50 THEN (skip_times - 0) || to_jsonb(NEW.at)
+                              ELSE skip_times || to_jsonb(NEW.at) END
+        WHERE job = NEW.job;
+        EXIT WHEN FOUND;
+        INSERT INTO {s}.rollups (job) VALUES (NEW.job) ON CONFLICT (job) DO NOTHING;
+    END LOOP;
     RETURN NULL;
 END $$;
 
