@@ -244,9 +244,10 @@ class Settings:
                 "socket_connect_timeout": self.connect_timeout,
                 "retry": Retry(NoBackoff(), 0),
             }
-            # redis.sentinel has no type annotations; master_for returns a redis.Redis.
-            sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=asked)  # type: ignore[no-untyped-call]
-            master: redis.Redis = sentinel.master_for(self.service, **kwargs)  # type: ignore[no-untyped-call]
+            # redis.sentinel has no type annotations in older redis-py versions (unused-ignore
+            # for the newer, annotated ones); master_for returns a redis.Redis.
+            sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=asked)  # type: ignore[no-untyped-call, unused-ignore]
+            master: redis.Redis = sentinel.master_for(self.service, **kwargs)  # type: ignore[no-untyped-call, unused-ignore]
             return master
         return redis.Redis(host=self.host, port=self.port, **kwargs)
 
