@@ -512,6 +512,17 @@ def test_default_application_name_and_timeouts_are_set(shared: str) -> None:
         assert conn.execute("SHOW lock_timeout").fetchone()[0] == "2s"
 
 
+def test_the_stores_sessions_compile_no_plan_whatever_the_servers_jit_setting(shared: str) -> None:
+    # The server's default (PostgreSQL's own: on) is what a plain session
+    # gets; the store's sessions turn JIT off for their short statements.
+    with open_store(shared) as store, admin(SHARED) as plain:
+        store.lease("x")
+        ours = store._conn  # type: ignore[attr-defined]
+        server_default = plain.execute("SELECT reset_val FROM pg_settings WHERE name = 'jit'").fetchone()[0]
+        assert plain.execute("SHOW jit").fetchone()[0] == server_default
+        assert ours.execute("SHOW jit").fetchone()[0] == "off"
+
+
 def test_concurrent_first_opens_of_one_schema_migrate_once(shared: str) -> None:
     opened: list[Store] = []
     failed: list[BaseException] = []
