@@ -5,8 +5,8 @@ are released at once), with ``retention = 30d``. After each simulated day,
 pruning runs as the monitor runs it (bounded steps until done), and each
 run's end runs the small step ``cronwarden run`` takes.
 
-Prints, per store: the ledger's size at the end and its ceiling
-(``retained runs x bytes per run`` as measured here), whether the open run
+Prints, per store: the ledger's size at the end against its documented
+ceiling (``BYTES_PER_RUN`` x the runs the retention keeps), whether the open run
 and the raised finding written on day 0 survived, the longest prune step
 (the time pruning adds to the call that makes it) against the tail of the
 plain cycles (acquire + finish, every one timed) of the same run, and a
@@ -25,8 +25,16 @@ the monitor's prune passes, so pruning meets the same ledger as with one.
 
 ``--quick``: 35 days of a run every 15 minutes (about 3,400 runs per job).
 The default: 365 days of a run every minute for 10 jobs is 5.3 million
-runs through the store's API, hours on a busy machine; the docs quote what
-was measured and with which settings.
+runs through the store's API (on 2 cores shared with other work, about 67
+minutes on SQLite, 80 on Redis, two hours or more on PostgreSQL with
+``--workers 4``); the docs quote what was measured and with which settings.
+
+PostgreSQL: run it against a server with autovacuum on, and, since the
+clock is fast-forwarded (a simulated day passes in about 15 seconds),
+``autovacuum_naptime = 1s``, so that autovacuum visits the tables about as
+often per run as its default of a minute does on a real clock; otherwise
+the dead versions of the rollup rows, rewritten at every start and end,
+pile up between visits and the size measures that instead of the ledger.
 """
 
 from __future__ import annotations
@@ -53,6 +61,11 @@ from namespaces import POSTGRES, REDIS, cleanup, url_for
 DAY = 86_400.0
 RETENTION = Retention(max_age=30 * DAY)
 RUN_BUDGET = 50  # cli/run.py's RUN_PRUNE_BUDGET
+BYTES_PER_RUN = {"sqlite": 720, "postgres": 1_500, "redis": 1_800}
+"""What one kept run (its row, its two events, their indexes) costs each
+store, as docs/stores/<store>.md state it: the documented ceiling of a
+ledger is this times the runs its retention keeps (each job's 30 days of
+runs, plus the bench's one measured pair a day)."""
 
 
 def _url(store: str, work: str) -> tuple[str, str]:
@@ -271,6 +284,7 @@ def main() -> int:
         except Exception as e:  # a server that is not there: say so, go on
             print(f"{name}: skipped ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     kept = 30 * int(DAY // every) * a.jobs
+    retained = 30 * (int(DAY // every) * a.jobs + 1)
     upto = f"up to {days} days (--stop-after {a.stop_after:g} min)" if a.stop_after else f"{days} days"
     print(f"\n{a.jobs} jobs, a run every {every:g}s for {upto}, retention 30d "
           f"(retained: 30 days x {int(DAY // every)} runs x {a.jobs} jobs = {kept:,}), "
@@ -278,10 +292,11 @@ def main() -> int:
     head = ("store", "days", "written", "kept", "size MB", "B/run", "open+finding", "steps", "median step ms",
             "max step ms", "p99 step",
             "cycle ms", "cycle+prune", "ratio", "max cycle+prune", "plain cycles p99", "max",
-            "met (<=50ms)?", "step CPU median/p99/max", "runs/s", "min")  # fmt: skip
+            "met (<=50ms)?", "step CPU median/p99/max", "ceiling MB", "under?", "runs/s", "min")  # fmt: skip
     print("  ".join(head))
     for r in rows:
         added = float(r["max_step_ms"])  # type: ignore[arg-type]
+        ceiling = BYTES_PER_RUN[str(r["store"])] * retained
         print("  ".join(str(x) for x in (
             r["store"], r["days"], f"{r['written']:,}", f"{r['kept_runs']:,}", f"{int(r['size']) / 1e6:.1f}",  # type: ignore[call-overload]
             f"{r['bytes_per_run']:.0f}", "yes" if r["survived"] else "NO", r["steps"],
@@ -292,6 +307,7 @@ def main() -> int:
             f"{r['max_cycle_prune_ms']:.1f}",
             f"{r['p99_every_cycle_ms']:.1f}", f"{r['max_every_cycle_ms']:.1f}",
             "yes" if added <= 50 else "NO", "/".join(f"{x:.1f}" for x in r["cpu_step_ms"]),  # type: ignore[attr-defined]
+            f"{ceiling / 1e6:.1f}", "yes" if int(r["size"]) <= ceiling else "NO",  # type: ignore[call-overload]
             f"{r['rate']:,.0f}", f"{r['minutes']:.1f}",
         )))  # fmt: skip
     return 0
